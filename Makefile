@@ -1,0 +1,28 @@
+# Two commands do all set-up on a fresh machine:
+#   make quickstart   -> creates .venv, installs, runs the main job (quickstart)
+#   make test         -> creates .venv, installs, runs the test suite
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup quickstart test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU wheel of torch first, so the llm extra does not pull a multi-GB CUDA build.
+	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q torch
+	$(BIN)/pip install -q -e ".[llm,cluster,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+quickstart: $(STAMP)
+	$(BIN)/bash scripts/quickstart.sh 2>/dev/null || bash scripts/quickstart.sh
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
