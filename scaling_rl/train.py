@@ -1,0 +1,622 @@
+"""The host loop: N seeds of one agent configuration in one compiled program, run chunk by chunk.
+
+Between jitted chunks the host collects metrics (one `device_get` per chunk), evaluates, appends
+tidy rows to `metrics.parquet`, logs to wandb and a progress bar, and checkpoints the whole train
+state with orbax. A run directory holds:
+
+    config.json        agent, full agent config, seeds, seed, library versions (written first)
+    metrics.parquet    tidy table: seed, chunk, env_steps, grad_steps, <metrics>, wall_time, ...
+    checkpoints/<k>/   train state after k chunks + JSON meta (chunk index, metric rows so far)
+    status.json        {"status": running|done|diverged|failed, ...} plus a summary when done
+    curve.png          return vs env steps, mean ± std over seeds
+
+Rerunning with the same directory and config resumes from the newest checkpoint; on CPU the
+result is bitwise identical to an uninterrupted run. Everything is validated before anything
+is written.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import importlib
+import json
+import math
+import os
+import pkgutil
+import platform
+import sys
+import time
+import types
+import typing
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from scaling_rl import io
+
+TIME_COLUMNS = ("wall_time", "chunk_time", "env_steps_per_s")
+# Seed-independent stream ids folded into the run key (the init key of seed i is fold_in(root, i)).
+_EVAL_STREAM = 0x0E7A1
+
+
+class Diverged(RuntimeError):
+    """A loss (or the parameter norm) became non-finite; the metrics up to then are written."""
+
+    def __init__(self, step: int, message: str = ""):
+        self.step = int(step)
+        super().__init__(message or f"diverged at env step {self.step}")
+
+
+class ConfigError(ValueError):
+    """Bad run configuration, detected before anything was written."""
+
+
+# --------------------------------------------------------------------------------------------
+# Agents and configs
+
+
+def known_agents() -> list[str]:
+    """Names of the agent modules in `scaling_rl.agents`."""
+    import scaling_rl.agents as pkg
+
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+
+
+def agent_module(name: str) -> types.ModuleType:
+    """`scaling_rl.agents.<name>`, or any importable module path containing a dot."""
+    module_name = name if "." in name else f"scaling_rl.agents.{name}"
+    try:
+        mod = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise ConfigError(f"agent: unknown agent {name!r}; known: {', '.join(known_agents())}") from None
+        raise
+    for attr in ("Config", "make"):
+        if not hasattr(mod, attr):
+            raise ConfigError(f"agent: module {module_name} has no {attr}; not an agent")
+    return mod
+
+
+def _field_types(config_cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(config_cls)
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(config_cls)}
+
+
+_TRUE = {"1", "true", "yes", "on", "y", "t"}
+_FALSE = {"0", "false", "no", "off", "n", "f"}
+
+
+def parse_value(text: str, tp: Any) -> Any:
+    """Convert command-line text to a value of dataclass field type `tp` (ValueError if not)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+    if origin in (typing.Union, types.UnionType):
+        if type(None) in args and text.strip().lower() in ("none", "null"):
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return parse_value(text, arg)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError("; ".join(errors))
+    if origin is typing.Literal:
+        for choice in args:
+            try:
+                if parse_value(text, type(choice)) == choice:
+                    return choice
+            except ValueError:
+                pass
+        raise ValueError(f"{text!r} is not one of {', '.join(map(repr, args))}")
+    if origin in (tuple, list):
+        items = [t for t in text.split(",") if t.strip()] if text.strip() else []
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(items) != len(args):
+                raise ValueError(f"{text!r}: expected {len(args)} comma-separated values")
+            return tuple(parse_value(t, a) for t, a in zip(items, args))
+        values = [parse_value(t, args[0] if args else Any) for t in items]
+        return tuple(values) if origin is tuple else values
+    if tp is bool:
+        low = text.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(f"{text!r} is not a boolean (true/false)")
+    if tp is int:
+        try:
+            return int(text)
+        except ValueError:
+            value = float(text)  # allow 1e6
+            if not value.is_integer():
+                raise ValueError(f"{text!r} is not an integer") from None
+            return int(value)
+    if tp is float:
+        return float(text)
+    if tp is str:
+        return text
+    if isinstance(tp, type):
+        return tp(text)
+    return text
+
+
+def make_config(agent_name: str, overrides: Mapping[str, Any]) -> Any:
+    """The agent's Config with `overrides` applied: string values are parsed by the field's
+    type, other values are used as given. Raises ConfigError (one line) on any problem."""
+    mod = agent_module(agent_name)
+    config_cls = mod.Config
+    types_ = _field_types(config_cls)
+    values: dict[str, Any] = {}
+    for key, raw in overrides.items():
+        key = key.replace("-", "_")
+        if key not in types_:
+            close = difflib.get_close_matches(key, list(types_), n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else f"fields: {', '.join(types_)}"
+            raise ConfigError(f"{key}: not a field of {agent_name}.Config; {hint}")
+        if isinstance(raw, str):
+            try:
+                raw = parse_value(raw, types_[key])
+            except (ValueError, TypeError) as e:
+                raise ConfigError(f"{key}: {e}") from None
+        values[key] = raw
+    try:
+        return config_cls(**values)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(_one_line(e)) from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _config_dict(cfg: Any) -> dict:
+    """JSON-normalised dict of a config (tuples become lists, so it compares with config.json)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str))
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in ("scaling_rl", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy"):
+        try:
+            from importlib.metadata import version
+
+            out[name] = version(name)
+        except Exception:  # noqa: BLE001 - a missing version is not an error
+            pass
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics rows
+
+
+def _strip_weak_types(tree: Any) -> Any:
+    """Make every leaf strongly typed, so a freshly initialised state, a chunk's output state and
+    a restored checkpoint all have the same avals (one compiled program, bitwise-equal resume)."""
+    import jax
+
+    def leaf(x):
+        if getattr(x, "weak_type", False):
+            return jax.lax.convert_element_type(x, x.dtype)
+        return x
+
+    return jax.tree.map(leaf, tree)
+
+
+def _scalar(x: np.ndarray) -> float | int:
+    x = np.asarray(x)
+    if x.size != 1:
+        x = np.mean(x)
+    x = x.reshape(())
+    if np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.bool_):
+        return int(x)
+    return float(x)
+
+
+def chunk_rows(chunk: int, metrics: Mapping[str, np.ndarray], seeds: int,
+               chunk_env_steps: int) -> list[dict[str, Any]]:
+    """Tidy rows (one per seed) from one chunk's seed-vmapped host metrics."""
+    rows = []
+    for s in range(seeds):
+        row: dict[str, Any] = {"seed": s, "chunk": chunk}
+        for key, value in metrics.items():
+            row[key] = _scalar(np.asarray(value)[s])
+        row.setdefault("env_steps", (chunk + 1) * chunk_env_steps)
+        row["env_steps"] = int(row["env_steps"])
+        if "grad_steps" in row and float(row["grad_steps"]).is_integer():
+            row["grad_steps"] = int(row["grad_steps"])
+        rows.append(row)
+    return rows
+
+
+def metrics_frame(rows: list[dict[str, Any]]):
+    """The tidy table: identity columns first, metrics sorted, timing columns last."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return pd.DataFrame(columns=["seed", "chunk", "env_steps", "grad_steps"])
+    first = [c for c in ("seed", "chunk", "env_steps", "grad_steps") if c in df]
+    last = [c for c in TIME_COLUMNS if c in df]
+    middle = sorted(c for c in df.columns if c not in first and c not in last)
+    df = df[first + middle + last]
+    for c in ("seed", "chunk", "env_steps"):
+        df[c] = df[c].astype("int64")
+    return df.sort_values(["chunk", "seed"], kind="stable").reset_index(drop=True)
+
+
+def _non_finite(metrics: Mapping[str, np.ndarray]) -> list[str]:
+    """Names of divergence-relevant metrics (losses, parameter norm) that are not finite."""
+    bad = []
+    for key, value in metrics.items():
+        if key.startswith("loss") or key == "param_norm":
+            v = np.asarray(value, dtype=np.float64)
+            if not np.all(np.isfinite(v)):
+                bad.append(key)
+    return bad
+
+
+def _summary(df, extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(extra)
+    if df.empty:
+        return out
+    last = df[df["chunk"] == df["chunk"].max()]
+    out["env_steps"] = int(last["env_steps"].max())
+    for key in ("episode_return", "eval_return", "grad_steps"):
+        if key in last:
+            v = last[key].to_numpy(dtype=np.float64)
+            v = v[np.isfinite(v)]
+            if v.size:
+                out[f"final_{key}_mean"] = float(v.mean())
+                out[f"final_{key}_std"] = float(v.std())
+    if "wall_time" in df:
+        out["wall_time"] = float(df["wall_time"].max())
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+
+
+def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, seed: int = 0,
+        wandb: bool | Mapping[str, Any] = False, progress: bool = True,
+        checkpoint_every: int = 1, eval_every: int = 1,
+        on_chunk: Callable[[int, Any], None] | None = None):
+    """Train `seeds` seeds of `agent_name` with `cfg` (its Config, or a dict for
+    `Config.from_dict`) into `out_dir`; returns the tidy metrics DataFrame.
+
+    Resumes from the newest checkpoint in `out_dir` (the config must match the one there);
+    returns the stored table at once when the run is already complete. Checkpoints every
+    `checkpoint_every` chunks (0: only at the end) and evaluates every `eval_every` chunks
+    (0: only at the end; never when the config has `eval_episodes == 0`). `on_chunk(chunk,
+    table)` is called after each chunk's rows are written and its checkpoint queued.
+    Raises ConfigError before writing anything on bad input, and Diverged(step) after
+    writing the metrics so far when a loss becomes non-finite.
+    """
+    # ---- validate everything before touching the disk
+    mod = agent_module(agent_name)
+    if isinstance(cfg, Mapping):
+        try:
+            cfg = mod.Config.from_dict(dict(cfg)) if hasattr(mod.Config, "from_dict") else mod.Config(**cfg)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(_one_line(e)) from None
+    elif not isinstance(cfg, mod.Config):
+        raise ConfigError(f"cfg: expected {agent_name}.Config or a dict, got {type(cfg).__name__}")
+    if not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(f"seeds: must be an integer >= 1, got {seeds!r}")
+    if not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed: must be an integer >= 0, got {seed!r}")
+    for name, value in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every)):
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name}: must be an integer >= 0, got {value!r}")
+    try:
+        agent = mod.make(cfg)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(_one_line(e)) from None
+
+    out = Path(out_dir)
+    record = {"agent": agent_name, "config": _config_dict(cfg), "seeds": seeds, "seed": seed}
+    config_path, status_path = out / "config.json", out / "status.json"
+    if config_path.exists():
+        old = json.loads(config_path.read_text())
+        old_record = {k: old.get(k) for k in record}
+        if old_record != record:
+            raise ConfigError(f"out: {out} holds a different run ({_first_difference(old_record, record)}); "
+                              "use a new --out or the same config to resume")
+        status = json.loads(status_path.read_text()) if status_path.exists() else {}
+        if status.get("status") == "done" and (out / "metrics.parquet").exists():
+            import pandas as pd
+
+            return pd.read_parquet(out / "metrics.parquet")
+        if status.get("status") == "diverged":
+            raise Diverged(status.get("step", 0), f"already diverged at env step {status.get('step', 0)}")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        io.atomic_write_json(config_path, {**record, "param_count": int(agent.param_count),
+                                           "num_chunks": int(agent.num_chunks),
+                                           "versions": _versions()})
+    return _loop(agent_name, cfg, agent, out, seeds, seed, wandb, progress, checkpoint_every,
+                 eval_every, on_chunk)
+
+
+def _first_difference(old: Mapping, new: Mapping) -> str:
+    def flat(d, prefix=""):
+        items = {}
+        for k, v in d.items():
+            if isinstance(v, Mapping):
+                items.update(flat(v, f"{prefix}{k}."))
+            else:
+                items[f"{prefix}{k}"] = v
+        return items
+
+    a, b = flat(old), flat(new)
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            return f"{key}: {a.get(key)!r} there, {b.get(key)!r} now"
+    return "differs"
+
+
+def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, checkpoint_every,
+          eval_every, on_chunk):
+    import jax
+
+    from scaling_rl.checkpoint import Checkpointer
+    from scaling_rl.logging_utils import Progress, WandbLogger
+
+    t_start = time.perf_counter()
+    num_chunks = int(agent.num_chunks)
+    chunk_env_steps = int(getattr(cfg, "chunk_env_steps", 0) or cfg.env_steps // max(num_chunks, 1))
+    do_eval = int(getattr(cfg, "eval_episodes", 1) or 0) > 0 and hasattr(agent, "evaluate")
+    status_path, metrics_path = out / "status.json", out / "metrics.parquet"
+    title = (f"{agent_name} on {getattr(cfg, 'env', '?')} · width {getattr(cfg, 'width', '?')} "
+             f"depth {getattr(cfg, 'depth', '?')} utd {getattr(cfg, 'utd', '?')} "
+             f"batch {getattr(cfg, 'batch_size', '?')} lr {getattr(cfg, 'lr', '?')} · N={agent.param_count:,}")
+
+    root = jax.random.PRNGKey(seed)
+    seed_keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(seeds, dtype=np.uint32))
+    init_fn = jax.jit(jax.vmap(lambda k: _strip_weak_types(agent.init(k))))
+
+    def chunk_one(state):
+        state, metrics = agent.chunk(state)
+        return _strip_weak_types(state), metrics
+
+    chunk_fn = jax.jit(jax.vmap(chunk_one), donate_argnums=0)
+    eval_fn = jax.jit(jax.vmap(agent.evaluate)) if do_eval else None
+
+    def eval_keys(chunk: int):
+        stream = jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, _EVAL_STREAM), chunk))
+        return stream(seed_keys)
+
+    ckpt = Checkpointer(out / "checkpoints", max_to_keep=2)
+    logger = None
+    bar = None
+    rows: list[dict[str, Any]] = []
+    wall_offset = 0.0
+    finished = False
+    try:
+        start = ckpt.latest_step() or 0
+        if start > num_chunks:
+            raise ConfigError(f"out: checkpoint at chunk {start} is past the run's {num_chunks} chunks")
+        state = None
+        if start:
+            abstract = jax.eval_shape(init_fn, seed_keys)
+            state, meta = ckpt.restore(start, abstract)
+            rows = [dict(r) for r in meta["rows"]]
+            wall_offset = float(meta.get("wall_time", 0.0))
+        io.atomic_write_json(status_path, {"status": "running", "chunk": start, "num_chunks": num_chunks})
+        if start < num_chunks:
+            if state is None:
+                state = init_fn(seed_keys)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
+                compiled = chunk_fn.lower(state).compile()
+            compile_s = time.perf_counter() - t_start
+            if wandb_opts:
+                logger = WandbLogger(wandb_opts, out_dir=str(out), agent=agent_name,
+                                     config=dataclasses.asdict(cfg), seeds=seeds)
+            bar = Progress(progress, total=num_chunks, completed=start,
+                           description=f"{agent_name.rsplit('.', 1)[-1]} ×{seeds}")
+
+            for chunk in range(start, num_chunks):
+                t0 = time.perf_counter()
+                state, metrics = compiled(state)
+                metrics = jax.device_get(metrics)
+                if eval_fn is not None and (chunk + 1 == num_chunks or
+                                            (eval_every and (chunk + 1) % eval_every == 0)):
+                    evaluated = jax.device_get(eval_fn(state, eval_keys(chunk)))
+                    for key, value in evaluated.items():
+                        metrics[key if key.startswith("eval") else f"eval_{key}"] = value
+                chunk_time = time.perf_counter() - t0
+                new_rows = chunk_rows(chunk, metrics, seeds, chunk_env_steps)
+                wall = wall_offset + time.perf_counter() - t_start
+                for r in new_rows:
+                    r.update(wall_time=wall, chunk_time=chunk_time,
+                             env_steps_per_s=seeds * chunk_env_steps / max(chunk_time, 1e-9))
+                rows.extend(new_rows)
+                df = metrics_frame(rows)
+                io.atomic_write_parquet(metrics_path, df)
+
+                bad = _non_finite(metrics)
+                if bad:
+                    step = max(r["env_steps"] for r in new_rows)
+                    bad_seeds = sorted({s for key in bad for s in range(seeds)
+                                        if not np.all(np.isfinite(np.asarray(metrics[key], np.float64)[s]))})
+                    io.atomic_write_json(status_path, {
+                        "status": "diverged", "step": step, "chunk": chunk, "num_chunks": num_chunks,
+                        "metrics": bad, "seeds": bad_seeds})
+                    _try_plot(df, out / "curve.png", title)
+                    if logger is not None:
+                        logger.log(new_rows)
+                    raise Diverged(step, f"diverged at env step {step}: {', '.join(bad)} non-finite "
+                                         f"(seeds {bad_seeds})")
+
+                if logger is not None:
+                    logger.log(new_rows)
+                last = chunk + 1 == num_chunks
+                if last or (checkpoint_every and (chunk + 1) % checkpoint_every == 0):
+                    # save() first waits for the previous save (raising its errors), then copies
+                    # the state to host and writes in the background while the next chunk runs.
+                    ckpt.save(chunk + 1, state, {"chunk": chunk + 1, "rows": rows, "wall_time": wall,
+                                                 "num_chunks": num_chunks})
+                bar.update(chunk + 1, steps=new_rows[0]["env_steps"],
+                           ret=_nanmean([r.get("episode_return", math.nan) for r in new_rows]),
+                           eval=_nanmean([r.get("eval_return", math.nan) for r in new_rows]),
+                           sps=new_rows[0]["env_steps_per_s"])
+                if on_chunk is not None:
+                    on_chunk(chunk, df)
+            ckpt.wait()  # the final checkpoint is durable before the run is declared done
+        else:
+            compile_s = 0.0
+
+        df = metrics_frame(rows)
+        if not metrics_path.exists() or start == num_chunks:
+            io.atomic_write_parquet(metrics_path, df)
+        _try_plot(df, out / "curve.png", title)
+        summary = _summary(df, {"param_count": int(agent.param_count), "seeds": seeds,
+                                "compile_s": compile_s})
+        io.atomic_write_json(status_path, {"status": "done", "chunk": num_chunks,
+                                           "num_chunks": num_chunks, "summary": summary})
+        if logger is not None:
+            logger.run.summary.update(summary)
+        finished = True
+        return df
+    except (Diverged, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        if not isinstance(e, ConfigError):
+            io.atomic_write_json(status_path, {"status": "failed", "error": f"{type(e).__name__}: "
+                                               f"{_one_line(e)}", "num_chunks": num_chunks})
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        if logger is not None:
+            logger.finish(exit_code=0 if finished else 1)
+        if finished:
+            ckpt.close()  # waits; a failed save raises here
+        else:
+            try:
+                ckpt.close()
+            except Exception:  # noqa: BLE001 - keep the original error
+                pass
+
+
+def _nanmean(values) -> float:
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else math.nan
+
+
+def _try_plot(df, path: Path, title: str) -> None:
+    from scaling_rl.plotting import plot_learning_curve
+
+    plot_learning_curve(df, path, title=title)
+
+
+def load_state(out_dir: str | os.PathLike, step: int | None = None):
+    """(state, meta) of a run directory's checkpoint `step` (default: newest), seed axis first."""
+    import jax
+
+    out = Path(out_dir)
+    record = json.loads((out / "config.json").read_text())
+    mod = agent_module(record["agent"])
+    agent = mod.make(mod.Config.from_dict(record["config"]))
+    root = jax.random.PRNGKey(record["seed"])
+    keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(record["seeds"], dtype=np.uint32))
+    abstract = jax.eval_shape(jax.vmap(lambda k: _strip_weak_types(agent.init(k))), keys)
+    from scaling_rl.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(out / "checkpoints")
+    try:
+        step = ckpt.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"{out}: no checkpoint")
+        return ckpt.restore(step, abstract)
+    finally:
+        ckpt.close()
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+_FLAG_FIELDS = (("env", "env"), ("width", "width"), ("depth", "depth"), ("utd", "utd"),
+                ("batch_size", "batch_size"), ("lr", "lr"), ("env_steps", "env_steps"))
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints usage as well by default)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def register(subparsers) -> None:
+    """Add `scaling-rl train`."""
+    p = subparsers.add_parser(
+        "train", help="train one agent configuration (seeds vmapped), resumable",
+        description="Train N seeds of one agent config in one compiled program; writes config.json, "
+                    "metrics.parquet, checkpoints/, curve.png, status.json into --out. Rerun the same "
+                    "command to resume.")
+    p.error = types.MethodType(_OneLineParser.error, p)
+    p.add_argument("--agent", required=True, help="agent name (scaling_rl.agents.<name>)")
+    p.add_argument("--env", help="environment, e.g. gymnax/Pendulum-v1")
+    p.add_argument("--width", help="backbone width")
+    p.add_argument("--depth", help="backbone depth")
+    p.add_argument("--utd", help="update-to-data ratio (gradient steps per env step)")
+    p.add_argument("--batch-size", dest="batch_size", help="minibatch size")
+    p.add_argument("--lr", help="learning rate")
+    p.add_argument("--env-steps", dest="env_steps", help="env steps per seed")
+    p.add_argument("--seeds", type=int, default=1, help="number of seeds (vmapped), default 1")
+    p.add_argument("--seed", type=int, default=0, help="root seed, default 0")
+    p.add_argument("--out", required=True, help="run directory (resumed when it exists)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other Config field, typed by the field (repeatable)")
+    p.add_argument("--checkpoint-every", type=int, default=1, help="chunks between checkpoints")
+    p.add_argument("--eval-every", type=int, default=1, help="chunks between evaluations")
+    p.add_argument("--wandb", action="store_true", help="log to wandb (offline unless WANDB_MODE=online)")
+    p.add_argument("--wandb-project", default=None, help="wandb project (default scaling_rl)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from scaling_rl.cli import UsageError
+
+    overrides: dict[str, Any] = {}
+    for flag, field in _FLAG_FIELDS:
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[field] = value
+    for item in args.overrides:
+        if "=" not in item:
+            raise UsageError(f"--set {item}: expected KEY=VALUE")
+        key, value = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        if key in overrides:
+            raise UsageError(f"--set {key}: given twice")
+        overrides[key] = value
+    wandb_opts: bool | dict = False
+    if args.wandb:
+        wandb_opts = {"project": args.wandb_project} if args.wandb_project else True
+    try:
+        cfg = make_config(args.agent, overrides)
+        df = run(args.agent, cfg, args.out, args.seeds, seed=args.seed, wandb=wandb_opts,
+                 progress=not args.no_progress, checkpoint_every=args.checkpoint_every,
+                 eval_every=args.eval_every)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    except Diverged as e:
+        print(f"scaling-rl: {e}; metrics so far in {args.out}", file=sys.stderr)
+        return 3
+    summary = json.loads((Path(args.out) / "status.json").read_text()).get("summary", {})
+    shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in summary.items()}
+    print(f"done: {args.out}  " + "  ".join(f"{k}={v}" for k, v in shown.items()))
+    del df
+    return 0
