@@ -75,6 +75,9 @@ class Progress:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
                                    TextColumn, TimeElapsedColumn, TimeRemainingColumn)
 
+        console = Console(stderr=True)
+        if not console.is_terminal:  # logs and pipes: room for the whole line, not 80 columns
+            console = Console(stderr=True, width=max(console.width, 160))
         self._bar = RichProgress(
             TextColumn("[bold]{task.description}"),
             MofNCompleteColumn(),
@@ -82,7 +85,7 @@ class Progress:
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             TextColumn("{task.fields[info]}"),
-            console=Console(stderr=True),
+            console=console,
         )
         self._task = self._bar.add_task(description, total=total, completed=completed, info="")
         self._bar.start()

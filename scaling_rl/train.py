@@ -5,7 +5,8 @@ tidy rows to `metrics.parquet`, logs to wandb and a progress bar, and checkpoint
 state with orbax. A run directory holds:
 
     config.json        agent, full agent config, seeds, seed, library versions (written first)
-    metrics.parquet    tidy table: seed, chunk, env_steps, grad_steps, <metrics>, wall_time, ...
+    metrics.parquet    tidy table: seed, chunk, env_steps, grad_steps, <metrics>, wall_time,
+                       chunk_time (train), eval_time, env_steps_per_s (all seeds, train only)
     checkpoints/<k>/   train state after k chunks + JSON meta (chunk index, metric rows so far)
     status.json        {"status": running|done|diverged|failed, ...} plus a summary when done
     curve.png          return vs env steps, mean ± std over seeds
@@ -17,6 +18,7 @@ is written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import importlib
@@ -37,7 +39,8 @@ import numpy as np
 
 from scaling_rl import io
 
-TIME_COLUMNS = ("wall_time", "chunk_time", "env_steps_per_s")
+# Columns that depend on the machine and load, not on the computation (excluded from resume checks).
+TIME_COLUMNS = ("wall_time", "chunk_time", "eval_time", "env_steps_per_s")
 # Seed-independent stream ids folded into the run key (the init key of seed i is fold_in(root, i)).
 _EVAL_STREAM = 0x0E7A1
 
@@ -325,12 +328,20 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
     out = Path(out_dir)
     record = {"agent": agent_name, "config": _config_dict(cfg), "seeds": seeds, "seed": seed}
     config_path, status_path = out / "config.json", out / "status.json"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out: {out} exists and is not a directory")
     if config_path.exists():
         old = json.loads(config_path.read_text())
         old_record = {k: old.get(k) for k in record}
         if old_record != record:
             raise ConfigError(f"out: {out} holds a different run ({_first_difference(old_record, record)}); "
                               "use a new --out or the same config to resume")
+    out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        if not config_path.exists():
+            io.atomic_write_json(config_path, {**record, "param_count": int(agent.param_count),
+                                               "num_chunks": int(agent.num_chunks),
+                                               "versions": _versions()})
         status = json.loads(status_path.read_text()) if status_path.exists() else {}
         if status.get("status") == "done" and (out / "metrics.parquet").exists():
             import pandas as pd
@@ -338,13 +349,24 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
             return pd.read_parquet(out / "metrics.parquet")
         if status.get("status") == "diverged":
             raise Diverged(status.get("step", 0), f"already diverged at env step {status.get('step', 0)}")
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        io.atomic_write_json(config_path, {**record, "param_count": int(agent.param_count),
-                                           "num_chunks": int(agent.num_chunks),
-                                           "versions": _versions()})
-    return _loop(agent_name, cfg, agent, out, seeds, seed, wandb, progress, checkpoint_every,
-                 eval_every, on_chunk)
+        return _loop(agent_name, cfg, agent, out, seeds, seed, wandb, progress, checkpoint_every,
+                     eval_every, on_chunk)
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path):
+    """Hold an exclusive lock on the run directory (released by the OS if the process dies)."""
+    import fcntl
+
+    with open(out / ".lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"out: {out} is in use by another training process") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _first_difference(old: Mapping, new: Mapping) -> str:
@@ -418,7 +440,7 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
                 compiled = chunk_fn.lower(state).compile()
-            compile_s = time.perf_counter() - t_start
+            startup_s = time.perf_counter() - t_start
             if wandb_opts:
                 logger = WandbLogger(wandb_opts, out_dir=str(out), agent=agent_name,
                                      config=dataclasses.asdict(cfg), seeds=seeds)
@@ -429,16 +451,17 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
                 t0 = time.perf_counter()
                 state, metrics = compiled(state)
                 metrics = jax.device_get(metrics)
+                chunk_time = time.perf_counter() - t0
                 if eval_fn is not None and (chunk + 1 == num_chunks or
                                             (eval_every and (chunk + 1) % eval_every == 0)):
                     evaluated = jax.device_get(eval_fn(state, eval_keys(chunk)))
                     for key, value in evaluated.items():
                         metrics[key if key.startswith("eval") else f"eval_{key}"] = value
-                chunk_time = time.perf_counter() - t0
+                eval_time = time.perf_counter() - t0 - chunk_time
                 new_rows = chunk_rows(chunk, metrics, seeds, chunk_env_steps)
                 wall = wall_offset + time.perf_counter() - t_start
                 for r in new_rows:
-                    r.update(wall_time=wall, chunk_time=chunk_time,
+                    r.update(wall_time=wall, chunk_time=chunk_time, eval_time=eval_time,
                              env_steps_per_s=seeds * chunk_env_steps / max(chunk_time, 1e-9))
                 rows.extend(new_rows)
                 df = metrics_frame(rows)
@@ -474,14 +497,14 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
                     on_chunk(chunk, df)
             ckpt.wait()  # the final checkpoint is durable before the run is declared done
         else:
-            compile_s = 0.0
+            startup_s = 0.0
 
         df = metrics_frame(rows)
         if not metrics_path.exists() or start == num_chunks:
             io.atomic_write_parquet(metrics_path, df)
         _try_plot(df, out / "curve.png", title)
         summary = _summary(df, {"param_count": int(agent.param_count), "seeds": seeds,
-                                "compile_s": compile_s})
+                                "startup_s": startup_s})
         io.atomic_write_json(status_path, {"status": "done", "chunk": num_chunks,
                                            "num_chunks": num_chunks, "summary": summary})
         if logger is not None:

@@ -127,7 +127,7 @@ def test_metrics_table_curve_and_status(tmp_path):
     df = train.run(TOY, cfg, tmp_path, seeds=3, progress=False)
     assert len(df) == 3 * 4
     assert list(df.columns[:4]) == ["seed", "chunk", "env_steps", "grad_steps"]
-    assert list(df.columns[-3:]) == list(train.TIME_COLUMNS)
+    assert list(df.columns[-4:]) == list(train.TIME_COLUMNS)
     for col in ("episode_return", "eval_return", "loss/critic", "param_norm"):
         assert col in df and df[col].notna().all()
     for s in range(3):
@@ -205,6 +205,12 @@ def test_config_mismatch_is_a_one_line_error(tmp_path):
     with pytest.raises(train.ConfigError, match="seeds: 1 there, 2 now"):
         train.run(TOY, ToyConfig(env_steps=16), tmp_path, seeds=2, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+    import fcntl
+
+    with open(tmp_path / ".lock") as held:  # another process is training into this directory
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(train.ConfigError, match="in use by another training process"):
+            train.run(TOY, ToyConfig(env_steps=16), tmp_path, seeds=1, progress=False)
 
 
 def test_divergence_writes_metrics_then_raises(tmp_path):
