@@ -1,0 +1,74 @@
+"""Sweeps: spec -> trials -> backend -> store.
+
+    spec = load_spec("sweeps/quickstart.yaml")        # validated; nothing written yet
+    run_sweep(spec, backend="local", workers=2)       # resumable: rerun to finish
+    collect(spec.out_dir)                             # -> <out_dir>/results.parquet
+
+See `spec` (format), `store` (layout, claims), `runner` (trial lifecycle), `backends`
+(local | slurm | ray), `packing` (several trials in one vmapped program), `collect`.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from scaling_rl.sweep.collect import collect, status_summary
+from scaling_rl.sweep.spec import Spec, SpecError, Trial, load_spec, parse_spec, trial_id
+from scaling_rl.sweep.store import Store
+
+__all__ = ["Spec", "SpecError", "Store", "Trial", "collect", "load_spec", "parse_spec",
+           "prepare", "run_sweep", "status_summary", "trial_id"]
+
+
+def prepare(spec: Spec, *, retry_diverged: bool = False) -> Store:
+    """Create the store's trial directories (existing ones are kept) and make failed trials
+    (and diverged ones when asked) pending again, so a rerun retries them."""
+    store = Store(spec.out_dir)
+    store.add(spec.trials)
+    store.write_sweep_record(spec.raw, [t.id for t in spec.trials])
+    retry = ("failed", "diverged") if retry_diverged else ("failed",)
+    for t in spec.trials:
+        st = store.status(t.id)
+        if st.get("state") not in retry:
+            continue
+        claim = store.try_claim(t.id)
+        if claim is None:
+            continue
+        with claim:
+            if store.status(t.id).get("state") in retry:
+                if st.get("state") == "diverged":  # train.run refuses to resume a diverged run
+                    with contextlib.suppress(FileNotFoundError):
+                        (store.trial_dir(t.id) / "status.json").unlink()
+                store.write_status(claim, "pending", error=None, retried_from=st.get("state"))
+    return store
+
+
+def run_sweep(spec: Spec, *, backend: str | None = None, workers: int | None = None,
+              progress: bool = True, retry_diverged: bool = False, ray_address: str | None = None,
+              wait: bool = True) -> dict:
+    """Run every unfinished trial of `spec` on a backend; returns `status_summary` of the store."""
+    from scaling_rl.sweep import backends
+    from scaling_rl.sweep.runner import RunOptions
+
+    backend = backend or spec.backend.get("name", "local")
+    workers = spec.backend.get("workers", 1) if workers is None else workers
+    frac = spec.backend.get("gpu_mem_fraction")
+    if frac is None and backend == "local" and workers > 1:
+        frac = round(0.95 / workers, 3)   # several trials share a GPU: split its memory
+    prepare(spec, retry_diverged=retry_diverged)
+    opts = RunOptions(root=str(spec.out_dir), trial_ids=tuple(t.id for t in spec.trials),
+                      sweep_name=spec.name, wandb=spec.wandb, checkpoint_every=spec.checkpoint_every,
+                      compile_cache=spec.compile_cache, gpu_mem_fraction=frac,
+                      pack_seeds=spec.pack_seeds)
+    if backend == "local":
+        backends.run_local(opts, workers, progress=progress)
+    elif backend == "slurm":
+        backends.run_slurm(opts, spec.backend.get("slurm", {}), workers=workers or None,
+                           progress=progress, wait=wait)
+    elif backend == "ray":
+        ray_opts = dict(spec.backend.get("ray", {}))
+        if ray_address:
+            ray_opts["address"] = ray_address
+        backends.run_ray(opts, ray_opts, progress=progress)
+    else:
+        raise SpecError(f"backend: unknown backend {backend!r}; allowed: local, slurm, ray")
+    return status_summary(spec.out_dir)

@@ -1,0 +1,120 @@
+"""`scaling-rl sweep run|status|collect`."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _usage(msg: str):
+    from scaling_rl.cli import UsageError
+    return UsageError(msg)
+
+
+def _cmd_run(args) -> int:
+    from scaling_rl.sweep import SpecError, load_spec, run_sweep
+    from scaling_rl.sweep.collect import format_eta
+
+    if args.workers is not None and args.workers < 0:
+        raise _usage(f"--workers: must be >= 0, got {args.workers}")
+    try:
+        spec = load_spec(args.spec, out_dir=args.out)
+    except SpecError as e:
+        raise _usage(str(e)) from None
+    if args.dry_run:
+        from rich.console import Console
+        from rich.table import Table
+        axes = sorted({k for t in spec.trials for k in t.axes})
+        table = Table(title=f"{spec.name}: {len(spec.trials)} trials × {spec.trials[0].seeds} seeds "
+                            f"-> {spec.out_dir}")
+        for col in ("trial", *axes):
+            table.add_column(col)
+        for t in spec.trials:
+            table.add_row(t.id, *(str(t.axes.get(a, "")) for a in axes))
+        Console().print(table)
+        return 0
+    summary = run_sweep(spec, backend=args.backend, workers=args.workers, progress=not args.no_progress,
+                        retry_diverged=args.retry_diverged, ray_address=args.ray_address,
+                        wait=not args.no_wait)
+    c = summary["counts"]
+    print(f"sweep {spec.name}: " + " ".join(f"{k}={v}" for k, v in c.items() if v)
+          + f" -> {spec.out_dir}" + ("" if not (c["pending"] or c["running"]) else
+                                     f" (eta {format_eta(summary['eta_s'])})"))
+    return 0 if c["failed"] == 0 else 1
+
+
+def _store_dir(path: str) -> Path:
+    p = Path(path)
+    if not (p / "trials").is_dir():
+        raise _usage(f"{path}: not a sweep directory (no trials/ inside); give the spec's out_dir")
+    return p
+
+
+def _cmd_status(args) -> int:
+    from scaling_rl.sweep.collect import format_eta, status_summary
+
+    s = status_summary(_store_dir(args.dir))
+    if args.json:
+        print(json.dumps(s, indent=2, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=f"sweep {s['root']}: {s['total']} trials")
+    table.add_column("status")
+    table.add_column("trials", justify="right")
+    table.add_column("share", justify="right")
+    for state, n in s["counts"].items():
+        if n or state in ("pending", "running", "done"):
+            table.add_row(state, str(n), f"{100 * n / max(1, s['total']):.0f}%")
+    console = Console()
+    console.print(table)
+    mean = s["mean_trial_s"]
+    console.print(f"mean trial {mean:.1f}s · ETA {format_eta(s['eta_s'])}" if mean else
+                  f"ETA {format_eta(s['eta_s'])} (no finished trial yet)")
+    for tid, step in s["diverged"]:
+        console.print(f"diverged: {tid} at env step {step}")
+    return 0
+
+
+def _cmd_collect(args) -> int:
+    from scaling_rl.sweep.collect import RESULTS, collect
+
+    root = _store_dir(args.dir)
+    out = args.out or str(root / RESULTS)
+    df = collect(root, out=out, progress=not args.no_progress)
+    n_trials = df["trial_id"].nunique() if len(df) else 0
+    print(f"{out}: {len(df)} rows from {n_trials} trials")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add `sweep run|status|collect` to the `scaling-rl` parser."""
+    p = subparsers.add_parser("sweep", help="run / inspect / collect sweeps",
+                              description="Run a sweep spec on a backend, inspect a store, collect results.")
+    sub = p.add_subparsers(dest="sweep_command", metavar="{run,status,collect}")
+    p.set_defaults(func=lambda a: (p.print_help(sys.stderr), 2)[1])
+
+    r = sub.add_parser("run", help="run every unfinished trial of a spec (resumable)")
+    r.add_argument("spec", help="sweep spec (YAML)")
+    r.add_argument("--backend", choices=("local", "slurm", "ray"), default=None,
+                   help="where trials run (default: the spec's backend.name, else local)")
+    r.add_argument("--workers", type=int, default=None,
+                   help="local worker processes / slurm array parallelism (0: run inline)")
+    r.add_argument("--dry-run", action="store_true", help="validate and list the trials; write nothing")
+    r.add_argument("--out", default=None, help="store directory (overrides the spec's out_dir)")
+    r.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")
+    r.add_argument("--retry-diverged", action="store_true", help="rerun diverged trials too")
+    r.add_argument("--no-wait", action="store_true", help="slurm: submit and return")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.set_defaults(func=_cmd_run)
+
+    s = sub.add_parser("status", help="counts per status and ETA of a sweep directory")
+    s.add_argument("dir")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=_cmd_status)
+
+    c = sub.add_parser("collect", help="one tidy parquet table for the whole sweep")
+    c.add_argument("dir")
+    c.add_argument("--out", default=None, help="output parquet (default: DIR/results.parquet)")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=_cmd_collect)

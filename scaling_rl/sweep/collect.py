@@ -1,0 +1,112 @@
+"""Reading a store: one tidy table for the whole sweep, and status counts with an ETA."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from scaling_rl.io import atomic_write_parquet
+from scaling_rl.sweep.store import STATES, Store
+
+RESULTS = "results.parquet"
+KEY_COLUMNS = ("trial_id", "agent", "status", "param_count", "seed", "seed_index", "trial_seed",
+               "seeds", "chunk", "env_steps", "grad_steps")
+
+
+def _param_count(store: Store, tid: str, st: dict):
+    if st.get("param_count") is not None:
+        return int(st["param_count"])
+    cfg = store.trial_dir(tid) / "config.json"
+    if cfg.exists():
+        with_count = json.loads(cfg.read_text()).get("param_count")
+        if with_count is not None:
+            return int(with_count)
+    return None
+
+
+def collect(root, *, out: str | None = None, progress: bool = False):
+    """Concatenate every trial's metrics into one tidy DataFrame and write it (parquet).
+
+    Columns: trial_id, agent, status, param_count (N), seed, seed_index, trial_seed, seeds,
+    chunk, env_steps, grad_steps, every metric, and every config field (utd = sigma,
+    batch_size = B, lr, width, depth, env, ...). A config field whose name is also a metric
+    column (env_steps: budget vs step) is prefixed `cfg_`. `seed` is unique per replica of a
+    config: trial_seed * seeds + seed_index.
+    """
+    import pandas as pd
+
+    store = Store(root)
+    tids = store.trial_ids()
+    frames = []
+    it = tids
+    if progress and tids:
+        from rich.progress import track
+        it = track(tids, description="collect", transient=True)
+    for tid in it:
+        path = store.trial_dir(tid) / "metrics.parquet"
+        if not path.exists():
+            continue
+        df = pd.read_parquet(path)
+        if df.empty:
+            continue
+        trial, st = store.trial(tid), store.status(tid)
+        df = df.rename(columns={"seed": "seed_index"})
+        df["seed_index"] = df["seed_index"].astype("int64")
+        df["trial_seed"] = trial.seed
+        df["seeds"] = trial.seeds
+        df["seed"] = trial.seed * trial.seeds + df["seed_index"]
+        df["trial_id"] = tid
+        df["agent"] = trial.agent
+        df["status"] = st.get("state", "pending")
+        df["param_count"] = _param_count(store, tid, st)
+        for k, v in trial.config.items():
+            col = f"cfg_{k}" if k in df.columns else k
+            df[col] = json.dumps(v) if isinstance(v, (list, dict)) else v
+        frames.append(df)
+    if frames:
+        table = pd.concat(frames, ignore_index=True)
+        first = [c for c in KEY_COLUMNS if c in table.columns]
+        table = table[first + [c for c in table.columns if c not in first]]
+        table = table.sort_values(["trial_id", "chunk", "seed_index"], kind="stable").reset_index(drop=True)
+    else:
+        table = pd.DataFrame(columns=list(KEY_COLUMNS))
+    dest = Path(out) if out else store.root / RESULTS
+    atomic_write_parquet(dest, table)
+    return table
+
+
+def status_summary(root) -> dict:
+    """Counts per state (a `running` trial whose runner died shows as `interrupted`) and an ETA."""
+    store = Store(root)
+    counts = {s: 0 for s in (*STATES, "interrupted")}
+    walls, running_elapsed, diverged = [], [], []
+    now = time.time()
+    for tid in store.trial_ids():
+        st = store.status(tid)
+        state = store.effective_state(tid, st)
+        counts[state] += 1
+        if state == "done" and st.get("wall_s") is not None:
+            walls.append(float(st["wall_s"]))
+        if state == "running" and st.get("attempt_started"):
+            running_elapsed.append(now - float(st["attempt_started"]))
+        if state == "diverged":
+            diverged.append((tid, st.get("step")))
+    total = sum(counts.values())
+    left = counts["pending"] + counts["interrupted"] + counts["running"]
+    eta = None
+    if walls and left:
+        mean = sum(walls) / len(walls)
+        lanes = max(1, counts["running"])
+        eta = max(0.0, (left * mean - sum(min(e, mean) for e in running_elapsed)) / lanes)
+    return {"root": str(store.root), "total": total, "counts": counts, "eta_s": eta,
+            "mean_trial_s": (sum(walls) / len(walls)) if walls else None, "diverged": diverged}
+
+
+def format_eta(seconds) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "unknown"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"

@@ -1,0 +1,118 @@
+"""Packing: trials that differ only in their first `seed` run as ONE vmapped program.
+
+The agents' hyper-parameters are static Config fields (closed over by `make`), so trials that
+differ in lr or another field cannot share a program; the seed axis is what train.run vmaps.
+A pack of k trials of n seeds each runs `train.run(seeds=k*n, seed=<first member's seed>)` in
+`<root>/packs/<pack id>/`; member j then receives pack seeds j*n .. j*n+n-1 (renumbered 0..n-1)
+as its metrics. A packed member is an equally valid, independent sample, but its random stream
+is not bit-identical to the same trial run alone (train.run derives seed i as
+fold_in(PRNGKey(seed), i)); its status records `packed_in`.
+
+On divergence the members owning the bad seeds become `diverged` and the rest run alone later;
+on any other failure every member falls back to running alone (`no_pack`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import traceback
+from collections import defaultdict
+
+from scaling_rl.io import atomic_write_json, atomic_write_parquet
+from scaling_rl.sweep import registry
+from scaling_rl.sweep.spec import canonical_json
+from scaling_rl.sweep.store import FINISHED, Store, _now
+
+MAX_PACK = 16
+
+
+def pack_key(trial) -> str:
+    return canonical_json({"agent": trial.agent, "config": trial.config, "seeds": trial.seeds})
+
+
+def groups(store: Store, tids) -> list[list[str]]:
+    """Unfinished trials grouped by everything but the seed (members sorted by seed)."""
+    by_key: dict[str, list] = defaultdict(list)
+    for tid in tids:
+        st = store.status(tid)
+        if st.get("no_pack") or st.get("state") in (*FINISHED, "failed"):
+            continue
+        t = store.trial(tid)
+        if registry.get(t.agent).name not in ("sac", "dqn", "crl", "toy"):
+            continue
+        by_key[pack_key(t)].append((t.seed, tid))
+    out = []
+    for members in by_key.values():
+        members.sort()
+        ids = [tid for _, tid in members]
+        out.extend(ids[i:i + MAX_PACK] for i in range(0, len(ids), MAX_PACK))
+    return out
+
+
+def run_pack(store: Store, group: list[str], opts) -> int:
+    """Claim what we can of `group` and run it packed (or alone if only one is ours)."""
+    from scaling_rl.sweep.runner import one_line, run_claimed
+
+    claims = []
+    try:
+        for tid in group:
+            c = store.try_claim(tid)
+            if c is None:
+                continue
+            if store.status(tid).get("state") in (*FINISHED, "failed") or store.status(tid).get("no_pack"):
+                c.release()
+                continue
+            claims.append(c)
+        if not claims:
+            return 0
+        if len(claims) == 1:
+            run_claimed(store, claims[0], opts)
+            return 1
+        trials = [store.trial(c.tid) for c in claims]
+        first, n = trials[0], trials[0].seeds
+        pack_id = hashlib.sha256(canonical_json([c.tid for c in claims]).encode()).hexdigest()[:12]
+        pdir = store.root / "packs" / pack_id
+        kind = registry.get(first.agent)
+        for c in claims:
+            st = store.status(c.tid)
+            store.write_status(c, "running", started=st.get("started") or _now(), attempt_started=_now(),
+                               attempts=int(st.get("attempts", 0)) + 1, error=None, packed_in=pack_id)
+        try:
+            n_params = kind.param_count(first.config)
+        except Exception:  # noqa: BLE001
+            n_params = None
+        error = None
+        try:
+            df = kind.run(first.config, str(pdir), n * len(claims), first.seed, wandb=False,
+                          checkpoint_every=opts.checkpoint_every)
+        except Exception as e:  # noqa: BLE001
+            error = e
+            (pdir / "error.txt").parent.mkdir(parents=True, exist_ok=True)
+            (pdir / "error.txt").write_text(traceback.format_exc())
+            df = None
+        if error is not None and type(error).__name__ == "Diverged" and (pdir / "metrics.parquet").exists():
+            import pandas as pd
+            df = pd.read_parquet(pdir / "metrics.parquet")
+            bad = set(json.loads((pdir / "status.json").read_text()).get("seeds", [])) \
+                if (pdir / "status.json").exists() else set(range(n * len(claims)))
+        for j, (c, t) in enumerate(zip(claims, trials)):
+            tdir = store.trial_dir(c.tid)
+            if error is None or (type(error).__name__ == "Diverged" and df is not None
+                                 and bad & set(range(j * n, j * n + n))):
+                part = df[(df["seed"] >= j * n) & (df["seed"] < j * n + n)].copy()
+                part["seed"] = part["seed"] - j * n
+                atomic_write_parquet(tdir / "metrics.parquet", part.reset_index(drop=True))
+                atomic_write_json(tdir / "config.json", {"agent": t.agent, "config": t.config,
+                                                         "seeds": t.seeds, "seed": t.seed,
+                                                         "packed_in": pack_id, "pack_seed_offset": j * n})
+            if error is None:
+                store.write_status(c, "done", finished=_now(), param_count=n_params)
+            elif type(error).__name__ == "Diverged" and df is not None and bad & set(range(j * n, j * n + n)):
+                store.write_status(c, "diverged", finished=_now(), error=one_line(error),
+                                   step=int(getattr(error, "step", 0)))
+            else:
+                store.write_status(c, "pending", no_pack=True, error=f"pack failed: {one_line(error)}")
+        return len(claims)
+    finally:
+        for c in claims:
+            c.release()

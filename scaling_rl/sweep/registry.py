@@ -1,0 +1,66 @@
+"""Trial kinds, looked up by agent name: how to validate a config and how to run one trial.
+
+An entry is a lazily imported `"module:attribute"` path that resolves to a `TrialKind`, so the
+registry costs nothing to import and an optional side (the LLM's `grpo`) is only needed when used.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable
+
+_ENTRIES: dict[str, str] = {
+    "sac": "scaling_rl.sweep.rl_trials:SAC",
+    "dqn": "scaling_rl.sweep.rl_trials:DQN",
+    "crl": "scaling_rl.sweep.rl_trials:CRL",
+    "grpo": "scaling_rl.llm.sweep:TRIAL_KIND",   # provided by the LLM side
+    "toy": "scaling_rl.sweep.toy:TOY",          # JAX-free fake trial for testing the machinery
+}
+_CACHE: dict[str, "TrialKind"] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialKind:
+    """What the sweep engine needs from an algorithm.
+
+    config_cls: () -> the frozen Config dataclass (with `from_dict`).
+    run: (config: dict, out_dir: str, seeds: int, seed: int, *, wandb, checkpoint_every) -> DataFrame
+         resumable from out_dir; writes metrics.parquet; raises an exception named `Diverged`
+         (with `.step`) on a non-finite loss.
+    param_count: (config: dict) -> int | None, the parameter count N used in compute C.
+    check: (config: dict) -> None, extra validation beyond the Config (e.g. env name known).
+    packable: run() may be called with several trials' seeds at once (see runner.run_pack).
+    """
+    name: str
+    config_cls: Callable[[], type]
+    run: Callable[..., Any]
+    param_count: Callable[[dict], Any] = lambda config: None
+    check: Callable[[dict], None] = lambda config: None
+    uses_jax: bool = True
+
+
+def known() -> list[str]:
+    """Names of the registered trial kinds."""
+    return sorted(_ENTRIES)
+
+
+def register(name: str, target: "str | TrialKind") -> None:
+    """Add a trial kind: a `TrialKind` or a lazy `"module:attribute"` path to one."""
+    if isinstance(target, TrialKind):
+        _CACHE[name] = target
+        _ENTRIES[name] = f"<registered {name}>"
+    else:
+        _CACHE.pop(name, None)
+        _ENTRIES[name] = target
+
+
+def get(name: str) -> TrialKind:
+    """The trial kind called `name` (ValueError one-liner listing the known ones)."""
+    if name in _CACHE:
+        return _CACHE[name]
+    if name not in _ENTRIES:
+        raise ValueError(f"agent: unknown agent {name!r}; allowed: {', '.join(known())}")
+    mod_name, _, attr = _ENTRIES[name].partition(":")
+    kind = getattr(importlib.import_module(mod_name), attr)
+    _CACHE[name] = kind
+    return kind

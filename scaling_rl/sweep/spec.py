@@ -1,0 +1,341 @@
+"""Sweep specs: YAML (safe_load only) -> validated `Spec` -> list of `Trial`s with stable ids.
+
+A spec is plain YAML::
+
+    name: quickstart                 # group name (wandb group, default dir name)
+    agent: sac                       # a key of scaling_rl.sweep.registry (sac | dqn | crl | grpo | toy)
+    out_dir: runs/sweeps/quickstart  # relative paths are relative to the current directory
+    env_steps: 6000                  # env-step budget per seed (sets the config field `env_steps`)
+    seeds: 2                         # seeds per trial, vmapped in one program
+    base: {env: gymnax/Pendulum-v1, batch_size: 128}
+    grid: {width: [32, 64, 128], utd: [1, 2, 4]}        # Cartesian product
+    zip:  {lr: [1e-3, 3e-4], batch_size: [64, 256]}      # zipped (equal lengths); a list of such
+                                                         # mappings gives several zipped groups
+    backend: {name: local, workers: 2, slurm: {...}, ray: {...}}
+    wandb: false                     # or {project: ..., mode: offline|online}
+    pack_seeds: false                # pack trials that differ only in `seed` into one program
+    checkpoint_every: 1              # chunks between checkpoints
+
+Axes may name any field of the agent's `Config`, plus `seed` (the first seed of a trial, so
+`grid: {seed: [0, 1, 2]}` gives three trials of `seeds` seeds each). Every resolved trial is
+validated through `Config.from_dict` before anything is written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scaling_rl.sweep import registry
+
+TOP_KEYS = ("name", "agent", "out_dir", "description", "base", "grid", "zip", "seeds", "seed",
+            "env_steps", "backend", "wandb", "pack_seeds", "checkpoint_every", "compile_cache")
+BACKENDS = ("local", "slurm", "ray")
+BACKEND_KEYS = ("name", "workers", "gpu_mem_fraction", "slurm", "ray")
+SLURM_KEYS = ("partition", "time_min", "gpus_per_node", "cpus_per_task", "mem_gb",
+              "array_parallelism", "max_num_timeout", "additional", "folder")
+RAY_KEYS = ("address", "num_cpus", "num_gpus", "init_num_cpus")
+WANDB_KEYS = ("project", "entity", "mode", "tags")
+ID_LEN = 12
+
+
+class SpecError(ValueError):
+    """A spec problem, reported as one line that names the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One point of the sweep: an agent config plus how many seeds (vmapped) and the first seed."""
+    agent: str
+    config: dict            # the agent Config as a JSON-ready dict (every field, canonical types)
+    seeds: int
+    seed: int
+    axes: dict              # the swept values that make this trial (for tables)
+
+    @property
+    def id(self) -> str:
+        return trial_id(self.agent, self.config, self.seeds, self.seed)
+
+    def to_json(self) -> dict:
+        return {"trial_id": self.id, "agent": self.agent, "config": self.config,
+                "seeds": self.seeds, "seed": self.seed, "axes": self.axes}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Trial":
+        return cls(d["agent"], d["config"], int(d["seeds"]), int(d["seed"]), d.get("axes", {}))
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    name: str
+    agent: str
+    out_dir: Path
+    trials: tuple
+    backend: dict
+    wandb: Any
+    pack_seeds: bool
+    checkpoint_every: int
+    compile_cache: Any       # path (str) or False
+    raw: dict                # the YAML as loaded (for the record)
+
+
+def canonical_json(obj: Any) -> str:
+    """Key-sorted, whitespace-free JSON with shortest-round-trip floats: the same bytes everywhere."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def trial_id(agent: str, config: dict, seeds: int, seed: int) -> str:
+    """Stable id of a trial: sha256 of the canonical JSON of its resolved config."""
+    blob = canonical_json({"agent": agent, "config": config, "seeds": int(seeds), "seed": int(seed)})
+    return hashlib.sha256(blob.encode("ascii")).hexdigest()[:ID_LEN]
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def load_yaml(path: str | os.PathLike) -> dict:
+    """`yaml.safe_load` a spec file; any YAML problem (incl. `!!python/...` tags) -> SpecError."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read spec ({e.strerror or e})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = str(getattr(e, "problem", None) or _one_line(e)).replace("tag:yaml.org,2002:", "!!")
+        raise SpecError(f"{path}:{where}: {' '.join(str(problem).split())}; "
+                        "specs are plain YAML (no tags such as !!python/...)") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a spec is a YAML mapping with keys {', '.join(TOP_KEYS)}")
+    return data
+
+
+def _field_types(config_cls) -> dict[str, Any]:
+    try:
+        hints = typing.get_type_hints(config_cls)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: fall back to raw ones
+        hints = {}
+    return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(config_cls)}
+
+
+def _canonical_value(v: Any, typ: Any) -> Any:
+    """JSON-ready value with canonical numeric type (1 and 1.0 hash alike for a float field)."""
+    if isinstance(v, (tuple, list)):
+        return [_canonical_value(x, None) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _canonical_value(x, None) for k, x in v.items()}
+    if typ in (float, "float") and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if hasattr(v, "item") and callable(v.item):  # numpy scalar
+        return v.item()
+    return v
+
+
+def resolve_config(agent: str, values: dict) -> dict:
+    """Build the agent Config from `values` (validated by the Config itself) and return it as a
+    canonical dict with every field."""
+    config_cls = registry.get(agent).config_cls()
+    try:
+        cfg = config_cls.from_dict(dict(values))
+    except (ValueError, TypeError) as e:
+        raise SpecError(_one_line(e)) from None
+    types = _field_types(config_cls)
+    return {k: _canonical_value(v, types.get(k)) for k, v in dataclasses.asdict(cfg).items()}
+
+
+def _check_axis_values(where: str, key: str, values: Any) -> list:
+    if not isinstance(values, list):
+        raise SpecError(f"{where}.{key}: expected a list of values, got {values!r}")
+    if not values:
+        raise SpecError(f"{where}.{key}: empty list; give at least one value")
+    if key == "utd":
+        for v in values:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not v > 0:
+                raise SpecError(f"{where}.utd: {v!r} is not allowed; the UTD ratio sigma must be > 0")
+    for v in values:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SpecError(f"{where}.{key}: {v!r} is not a finite number")
+    return values
+
+
+def _axes_points(spec: dict, allowed: set[str]) -> list[dict]:
+    """Expand grid (Cartesian) x every zip group into a list of {key: value} points."""
+    def check_key(where, key):
+        if key not in allowed:
+            raise SpecError(f"{where}.{key}: unknown field; allowed: {', '.join(sorted(allowed))}")
+
+    factors: list[list[dict]] = []
+    seen: dict[str, str] = {}
+    grid = spec.get("grid")
+    if grid is not None:
+        if not isinstance(grid, dict):
+            raise SpecError(f"grid: expected a mapping of field -> list of values, got {grid!r}")
+        if not grid:
+            raise SpecError("grid: empty; give at least one axis, e.g. grid: {width: [64, 128]}")
+        for key, values in grid.items():
+            check_key("grid", key)
+            seen[key] = "grid"
+            values = _check_axis_values("grid", key, values)
+            factors.append([{key: v} for v in values])
+    zips = spec.get("zip")
+    if zips is not None:
+        groups = zips if isinstance(zips, list) else [zips]
+        if not groups:
+            raise SpecError("zip: empty; give a mapping of field -> equal-length lists")
+        for gi, group in enumerate(groups):
+            where = "zip" if not isinstance(zips, list) else f"zip[{gi}]"
+            if not isinstance(group, dict) or not group:
+                raise SpecError(f"{where}: expected a non-empty mapping of field -> list of values")
+            lengths = {}
+            for key, values in group.items():
+                check_key(where, key)
+                if key in seen:
+                    raise SpecError(f"{where}.{key}: already swept in {seen[key]}; sweep a field once")
+                seen[key] = where
+                lengths[key] = len(_check_axis_values(where, key, values))
+            if len(set(lengths.values())) != 1:
+                raise SpecError(f"{where}: lists must have equal lengths, got "
+                                + ", ".join(f"{k}={n}" for k, n in lengths.items()))
+            n = next(iter(lengths.values()))
+            factors.append([{k: group[k][i] for k in group} for i in range(n)])
+    if not factors:
+        raise SpecError("grid: empty; a sweep needs at least one axis under grid or zip")
+    points = []
+    for combo in itertools.product(*factors):
+        p: dict = {}
+        for part in combo:
+            p.update(part)
+        points.append(p)
+    return points
+
+
+def _check_mapping(where: str, value: Any, allowed: tuple) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: expected a mapping with keys {', '.join(allowed)}")
+    for k in value:
+        if k not in allowed:
+            raise SpecError(f"{where}.{k}: unknown key; allowed: {', '.join(allowed)}")
+    return dict(value)
+
+
+def _int(where: str, v: Any, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise SpecError(f"{where}: expected an integer >= {lo}, got {v!r}")
+    return v
+
+
+def parse_spec(data: dict, *, source: str = "spec", base_dir: str | os.PathLike | None = None) -> Spec:
+    """Validate a loaded spec mapping and resolve every trial (nothing is written)."""
+    for k in data:
+        if k not in TOP_KEYS:
+            raise SpecError(f"{k}: unknown spec key; allowed: {', '.join(TOP_KEYS)}")
+    agent = data.get("agent")
+    if not isinstance(agent, str) or agent not in registry.known():
+        raise SpecError(f"agent: unknown agent {agent!r}; allowed: {', '.join(registry.known())}")
+    name = data.get("name") or Path(source).stem
+    if not isinstance(name, str):
+        raise SpecError(f"name: expected a string, got {name!r}")
+    seeds = _int("seeds", data.get("seeds", 1), 1)
+    seed0 = _int("seed", data.get("seed", 0), 0)
+
+    kind = registry.get(agent)
+    try:
+        config_cls = kind.config_cls()
+    except ImportError as e:
+        raise SpecError(f"agent: {agent!r} is not available here ({_one_line(e)})") from None
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+
+    base = data.get("base") or {}
+    if not isinstance(base, dict):
+        raise SpecError(f"base: expected a mapping of config fields, got {base!r}")
+    for k in base:
+        if k not in fields:
+            raise SpecError(f"base.{k}: unknown field of {agent} Config; allowed: {', '.join(sorted(fields))}")
+    base = dict(base)
+    if "env_steps" in data:
+        if "env_steps" not in fields:
+            raise SpecError(f"env_steps: {agent} Config has no env_steps field")
+        base["env_steps"] = _int("env_steps", data["env_steps"], 1)
+    if "utd" in base:
+        _check_axis_values("base", "utd", [base["utd"]])
+    if "env" in base or "env" in (data.get("grid") or {}):
+        pass  # env names are checked by the agent Config / registry below
+    points = _axes_points(data, fields | {"seed"})
+
+    trials, ids = [], set()
+    for p in points:
+        values = {**base, **{k: v for k, v in p.items() if k != "seed"}}
+        where = ", ".join(f"{k}={v}" for k, v in p.items())
+        try:
+            config = resolve_config(agent, values)
+            kind.check(config)
+        except SpecError as e:
+            raise SpecError(f"trial ({where}): {e}") from None
+        except ValueError as e:
+            raise SpecError(f"trial ({where}): {_one_line(e)}") from None
+        t = Trial(agent, config, seeds, _int("grid.seed", p.get("seed", seed0), 0), dict(p))
+        if t.id in ids:
+            continue  # identical resolved configs (e.g. a swept field equal to its default twice)
+        ids.add(t.id)
+        trials.append(t)
+
+    backend = _check_mapping("backend", data.get("backend"), BACKEND_KEYS)
+    bname = backend.setdefault("name", "local")
+    if bname not in BACKENDS:
+        raise SpecError(f"backend.name: unknown backend {bname!r}; allowed: {', '.join(BACKENDS)}")
+    backend["workers"] = _int("backend.workers", backend.get("workers", 1), 0)
+    frac = backend.get("gpu_mem_fraction")
+    if frac is not None and not (isinstance(frac, (int, float)) and 0 < frac <= 1):
+        raise SpecError(f"backend.gpu_mem_fraction: expected a number in (0, 1], got {frac!r}")
+    backend["slurm"] = _check_mapping("backend.slurm", backend.get("slurm"), SLURM_KEYS)
+    backend["ray"] = _check_mapping("backend.ray", backend.get("ray"), RAY_KEYS)
+
+    wandb = data.get("wandb", False)
+    if isinstance(wandb, dict):
+        wandb = _check_mapping("wandb", wandb, WANDB_KEYS)
+        mode = wandb.setdefault("mode", "offline")
+        if mode not in ("offline", "online", "disabled"):
+            raise SpecError(f"wandb.mode: {mode!r}; allowed: offline, online, disabled")
+    elif not isinstance(wandb, bool):
+        raise SpecError(f"wandb: expected true/false or a mapping with keys {', '.join(WANDB_KEYS)}")
+
+    pack = data.get("pack_seeds", False)
+    if not isinstance(pack, bool):
+        raise SpecError(f"pack_seeds: expected true or false, got {pack!r}")
+    ckpt = _int("checkpoint_every", data.get("checkpoint_every", 1), 1)
+
+    out = data.get("out_dir") or f"runs/sweeps/{name}"
+    if not isinstance(out, str):
+        raise SpecError(f"out_dir: expected a path string, got {out!r}")
+    out_dir = Path(out)
+    if not out_dir.is_absolute() and base_dir is not None:
+        out_dir = Path(base_dir) / out_dir
+    cache = data.get("compile_cache", True)
+    if cache is True:
+        cache = str(out_dir / ".jax_cache")
+    elif cache is not False and not isinstance(cache, str):
+        raise SpecError(f"compile_cache: expected true, false or a directory, got {cache!r}")
+    return Spec(name=name, agent=agent, out_dir=out_dir, trials=tuple(trials), backend=backend,
+                wandb=wandb, pack_seeds=pack, checkpoint_every=ckpt, compile_cache=cache, raw=data)
+
+
+def load_spec(path: str | os.PathLike, *, out_dir: str | os.PathLike | None = None) -> Spec:
+    """Load and validate a spec file. `out_dir` overrides the spec's."""
+    data = load_yaml(path)
+    if out_dir is not None:
+        data = {**data, "out_dir": str(out_dir)}
+    return parse_spec(data, source=str(path), base_dir=os.getcwd())
