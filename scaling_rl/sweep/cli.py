@@ -73,6 +73,20 @@ def _cmd_status(args) -> int:
                   f"ETA {format_eta(s['eta_s'])} (no finished trial yet)")
     for tid, step in s["diverged"]:
         console.print(f"diverged: {tid} at env step {step}")
+    if args.trials:
+        from scaling_rl.sweep.store import Store
+        store = Store(args.dir)
+        axes = sorted({k for t in store.trial_ids() for k in store.trial(t).axes})
+        per = Table(title="trials")
+        per.add_column("trial", no_wrap=True)
+        for col in (*axes, "status", "attempts", "wall_s", "host", "error"):
+            per.add_column(col)
+        for tid in store.trial_ids():
+            st, trial = store.status(tid), store.trial(tid)
+            per.add_row(tid, *(str(trial.axes.get(a, "")) for a in axes), store.effective_state(tid, st),
+                        str(st.get("attempts", 0)), str(st.get("wall_s", "")), str(st.get("host", "")),
+                        str(st.get("error") or "")[:60])
+        console.print(per)
     return 0
 
 
@@ -111,6 +125,7 @@ def register(subparsers) -> None:
     s = sub.add_parser("status", help="counts per status and ETA of a sweep directory")
     s.add_argument("dir")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--trials", action="store_true", help="also list every trial")
     s.set_defaults(func=_cmd_status)
 
     c = sub.add_parser("collect", help="one tidy parquet table for the whole sweep")

@@ -99,6 +99,7 @@ def _wandb_arg(opts: RunOptions, tid: str, trial, trial_dir: Path):
 
 def run_claimed(store: Store, claim: Claim, opts: RunOptions) -> str:
     """Run the trial held by `claim` to a final state (unless it is finished already)."""
+    t0 = time.time()
     tid = claim.tid
     st = store.status(tid)
     if st.get("state") in FINISHED or st.get("state") == "failed":
@@ -109,14 +110,15 @@ def run_claimed(store: Store, claim: Claim, opts: RunOptions) -> str:
     attempts = int(st.get("attempts", 0)) + 1
     store.write_status(claim, "running", started=st.get("started") or _now(), attempt_started=_now(),
                        attempts=attempts, error=None)
-    t0 = time.time()
     try:
         try:
             n_params = kind.param_count(trial.config)
         except Exception:  # noqa: BLE001 - a count is nice to have, not worth failing for
             n_params = None
+        t_run = time.time()
         kind.run(trial.config, str(tdir), trial.seeds, trial.seed,
                  wandb=_wandb_arg(opts, tid, trial, tdir), checkpoint_every=opts.checkpoint_every)
+        run_s = time.time() - t_run
     except KeyboardInterrupt:
         store.write_status(claim, "pending", error="interrupted")
         raise
@@ -133,7 +135,7 @@ def run_claimed(store: Store, claim: Claim, opts: RunOptions) -> str:
                            wall_s=round(time.time() - t0, 3))
         return "failed"
     store.write_status(claim, "done", finished=_now(), param_count=n_params,
-                       wall_s=round(time.time() - t0, 3))
+                       wall_s=round(time.time() - t0, 3), run_s=round(run_s, 3))
     return "done"
 
 

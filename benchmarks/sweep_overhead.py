@@ -1,0 +1,113 @@
+"""Sweep engine overhead: per-trial cost beyond training, cold vs warm compilation cache, and
+packed (one vmapped program) vs one-by-one trials.
+
+    python benchmarks/sweep_overhead.py [--agent dqn --env gymnax/CartPole-v1] [--trials 4]
+
+Every sweep runs through the real CLI in a fresh process (`scaling-rl sweep run`), so process
+start, JAX import, claims and status writes are all counted. Lines printed:
+
+    per_trial_overhead_s=<engine time per trial outside the trial function (toy trials)>
+    real_trial_overhead_s=<wall_s - run_s of a real trial: claim, status, param count>
+    cold_compile_s=... warm_compile_s=...   (train.run's compile_s: init + lower + compile)
+    cold_trial_s=...   warm_trial_s=...     (the whole trial, fresh process each)
+    one_by_one_s=...   packed_s=...         (K trials differing only in seed)
+    packed_speedup=<one_by_one_s / packed_s>
+    warm_start_speedup=<cold_compile_s / warm_compile_s>     (final line)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+
+def sweep(tmp: Path, name: str, spec: dict, *, workers: int = 1, timeout: float = 900) -> float:
+    """Run a spec through the CLI in a fresh process; returns its wall time in seconds."""
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "scaling_rl.cli", "sweep", "run", str(path),
+                           "--workers", str(workers), "--no-progress"],
+                          capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{name}: sweep failed:\n{proc.stdout}\n{proc.stderr}")
+    return wall
+
+
+def statuses(out: Path) -> list[dict]:
+    rows = []
+    for d in sorted((out / "trials").iterdir()):
+        st = json.loads((d / "trial_status.json").read_text())
+        run = d / "status.json"
+        st["train"] = json.loads(run.read_text()) if run.exists() else {}
+        rows.append(st)
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agent", default="dqn")
+    ap.add_argument("--env", default="gymnax/CartPole-v1")
+    ap.add_argument("--trials", type=int, default=4, help="K trials for packed vs one-by-one")
+    ap.add_argument("--env-steps", type=int, default=2000)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--toy-trials", type=int, default=20)
+    ap.add_argument("--keep", action="store_true", help="keep the temporary stores")
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="sweep_bench_"))
+    try:
+        # 1. engine overhead: toy trials that do no work
+        out = tmp / "toy"
+        wall = sweep(tmp, "toy", {"agent": "toy", "out_dir": str(out), "compile_cache": False,
+                                  "grid": {"width": list(range(1, args.toy_trials + 1))},
+                                  "base": {"chunk_seconds": 0.0}})
+        st = statuses(out)
+        inside = sum(s["run_s"] for s in st)
+        print(f"toy_sweep_s={wall:.2f} trials={len(st)} (process start + {len(st)} trials)")
+        print(f"per_trial_overhead_s={(wall - inside) / len(st):.3f}")
+        print(f"per_trial_status_overhead_s={sum(s['wall_s'] - s['run_s'] for s in st) / len(st):.4f}")
+
+        base = {"env": args.env, "width": args.width, "depth": 1, "batch_size": 64,
+                "learning_starts": 200, "chunk_env_steps": 500, "eval_episodes": 2,
+                "buffer_size": 5000}
+        real = {"agent": args.agent, "env_steps": args.env_steps, "seeds": 1, "base": base}
+
+        # 2. cold vs warm persistent compilation cache (same shapes, different trial)
+        cache = tmp / "jax_cache"
+        sweep(tmp, "cold", {**real, "out_dir": str(tmp / "cold"), "compile_cache": str(cache),
+                            "grid": {"seed": [0]}})
+        sweep(tmp, "warm", {**real, "out_dir": str(tmp / "warm"), "compile_cache": str(cache),
+                            "grid": {"seed": [1]}})
+        cold, warm = statuses(tmp / "cold")[0], statuses(tmp / "warm")[0]
+        cc, wc = cold["train"]["summary"]["compile_s"], warm["train"]["summary"]["compile_s"]
+        print(f"real_trial_overhead_s={cold['wall_s'] - cold['run_s']:.3f}")
+        print(f"cold_compile_s={cc:.2f} warm_compile_s={wc:.2f}")
+        print(f"cold_trial_s={cold['wall_s']:.2f} warm_trial_s={warm['wall_s']:.2f} "
+              f"trial_speedup={cold['wall_s'] / warm['wall_s']:.2f}")
+
+        # 3. packed vs one-by-one: K trials differing only in seed (each with its own cold cache)
+        seeds = list(range(args.trials))
+        t_one = sweep(tmp, "one", {**real, "out_dir": str(tmp / "one"), "grid": {"seed": seeds},
+                                   "compile_cache": str(tmp / "cache_one")})
+        t_pack = sweep(tmp, "pack", {**real, "out_dir": str(tmp / "pack"), "grid": {"seed": seeds},
+                                     "pack_seeds": True, "compile_cache": str(tmp / "cache_pack")})
+        print(f"one_by_one_s={t_one:.2f} packed_s={t_pack:.2f} trials={args.trials}")
+        print(f"packed_speedup={t_one / t_pack:.2f}")
+        print(f"warm_start_speedup={cc / wc:.2f}")
+    finally:
+        if args.keep:
+            print(f"stores kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

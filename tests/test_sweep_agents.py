@@ -1,0 +1,87 @@
+"""The sweep engine on real agents (train.run): store contents, collect for the scaling fit,
+kill -9 mid-trial resumes from the checkpoint, wandb offline run files per trial."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from scaling_rl.sweep import Store, collect
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(not (REPO / "scaling_rl" / "agents" / "dqn.py").exists(),
+                                reason="the dqn agent is not in this checkout")
+SCALING_RL = [sys.executable, "-m", "scaling_rl.cli"]
+CACHE = REPO / ".jax_cache"   # the suite's persistent compile cache: reruns compile less
+
+
+def spec_file(tmp_path: Path, out: Path, extra: str = "") -> Path:
+    p = tmp_path / "spec.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        name: dqn_tiny
+        agent: dqn
+        out_dir: {out}
+        env_steps: 1500
+        seeds: 2
+        compile_cache: {CACHE}
+        base: {{env: gymnax/CartPole-v1, depth: 1, batch_size: 32, learning_starts: 200,
+                chunk_env_steps: 500, eval_episodes: 2, buffer_size: 2000}}
+        grid: {{width: [8, 16]}}
+    """) + extra)
+    return p
+
+
+def test_dqn_sweep_resumes_after_kill_and_collects_for_the_fit(tmp_path):
+    out = tmp_path / "store"
+    spec = spec_file(tmp_path, out, "wandb: {project: sweeptest, mode: offline}\n")
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    proc = subprocess.Popen([*SCALING_RL, "sweep", "run", str(spec), "--workers", "1", "--no-progress"],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    store = Store(out)
+    deadline = time.time() + 240
+    killed = False
+    while time.time() < deadline and proc.poll() is None:  # kill -9 once a checkpoint exists
+        ckpts = [d for t in store.trial_ids() for d in (store.trial_dir(t) / "checkpoints").glob("[0-9]*")]
+        if ckpts:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed = True
+            break
+        time.sleep(0.2)
+    proc.wait(timeout=60)
+    assert killed, "the sweep finished before it could be interrupted"
+    done = subprocess.run([*SCALING_RL, "sweep", "run", str(spec), "--workers", "1", "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    tids = store.trial_ids()
+    assert len(tids) == 2
+    for tid in tids:
+        st = store.status(tid)
+        assert st["state"] == "done", st
+        d = store.trial_dir(tid)
+        assert json.loads((d / "config.json").read_text())["config"]["width"] == store.trial(tid).config["width"]
+        df = pd.read_parquet(d / "metrics.parquet")
+        assert len(df) == 3 * 2 and not df.duplicated(["seed", "chunk"]).any()
+        # wandb is a logger: one offline run per trial, grouped by sweep name
+        runs = list(d.glob("wandb/offline-run-*/run-*.wandb"))
+        assert runs, list(d.rglob("*"))[:20]
+        assert b"dqn_tiny" in runs[0].read_bytes()
+    assert max(store.status(t)["attempts"] for t in tids) == 2  # the interrupted one resumed
+    table = collect(out)
+    for col in ("trial_id", "agent", "env", "utd", "batch_size", "lr", "width", "depth", "param_count",
+                "seed", "env_steps", "grad_steps", "episode_return", "eval_return"):
+        assert col in table.columns, col
+    assert len(table) == 2 * 3 * 2
+    counts = table.groupby("width")["param_count"].first()
+    assert counts[16] > counts[8] > 0
+    for tid in tids:
+        assert table.loc[table.trial_id == tid, "param_count"].iloc[0] == \
+            json.loads((store.trial_dir(tid) / "config.json").read_text())["param_count"]
