@@ -3,6 +3,16 @@
 local  a pool of spawned worker processes on this machine (inline when workers == 0)
 slurm  a submitit job array, one element per trial, requeued on preemption / timeout
 ray    one Ray task per trial on `ray.init(address=...)` (a local cluster when no address)
+
+Several trials on one GPU: the local pool sets XLA_PYTHON_CLIENT_MEM_FRACTION = 0.95 / workers
+(or `backend.gpu_mem_fraction`) and XLA_PYTHON_CLIENT_PREALLOCATE=false in each worker.
+
+One big trial over many devices: set the agent's `data_parallel: true` in `base`; train.run then
+shards each update's batch over every visible device with the core's shard_map path (axis
+`data`). On Slurm give the trial a whole node (`slurm.gpus_per_node: 8`, one array element per
+trial). Multi-host trials are not automated yet: every process must call
+`jax.distributed.initialize()` (it reads the SLURM_* variables of a multi-node srun) before JAX
+touches a device, and only process 0 may write the store; train.run does not do either today.
 """
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def groups(store: Store, tids) -> list[list[str]]:
 
 def run_pack(store: Store, group: list[str], opts) -> int:
     """Claim what we can of `group` and run it packed (or alone if only one is ours)."""
-    from scaling_rl.sweep.runner import one_line, run_claimed
+    from scaling_rl.sweep.runner import one_line, run_claimed, trial_param_count
 
     claims = []
     try:
@@ -77,11 +77,8 @@ def run_pack(store: Store, group: list[str], opts) -> int:
             st = store.status(c.tid)
             store.write_status(c, "running", started=st.get("started") or _now(), attempt_started=_now(),
                                attempts=int(st.get("attempts", 0)) + 1, error=None, packed_in=pack_id)
-        try:
-            n_params = kind.param_count(first.config)
-        except Exception:  # noqa: BLE001
-            n_params = None
         error = None
+        n_params = None
         try:
             df = kind.run(first.config, str(pdir), n * len(claims), first.seed, wandb=False,
                           checkpoint_every=opts.checkpoint_every)
@@ -90,6 +87,7 @@ def run_pack(store: Store, group: list[str], opts) -> int:
             (pdir / "error.txt").parent.mkdir(parents=True, exist_ok=True)
             (pdir / "error.txt").write_text(traceback.format_exc())
             df = None
+        n_params = trial_param_count(kind, first.config, pdir)
         if error is not None and type(error).__name__ == "Diverged" and (pdir / "metrics.parquet").exists():
             import pandas as pd
             df = pd.read_parquet(pdir / "metrics.parquet")

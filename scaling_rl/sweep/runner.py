@@ -97,6 +97,19 @@ def _wandb_arg(opts: RunOptions, tid: str, trial, trial_dir: Path):
     return w
 
 
+def trial_param_count(kind, config: dict, tdir: Path):
+    """N of a trial: what train.run recorded in config.json, else the kind's own count."""
+    import json
+    try:
+        return int(json.loads((tdir / "config.json").read_text())["param_count"])
+    except (OSError, KeyError, ValueError, TypeError):
+        pass
+    try:
+        return kind.param_count(config)
+    except Exception:  # noqa: BLE001 - a count is nice to have, not worth failing for
+        return None
+
+
 def run_claimed(store: Store, claim: Claim, opts: RunOptions) -> str:
     """Run the trial held by `claim` to a final state (unless it is finished already)."""
     t0 = time.time()
@@ -111,14 +124,11 @@ def run_claimed(store: Store, claim: Claim, opts: RunOptions) -> str:
     store.write_status(claim, "running", started=st.get("started") or _now(), attempt_started=_now(),
                        attempts=attempts, error=None)
     try:
-        try:
-            n_params = kind.param_count(trial.config)
-        except Exception:  # noqa: BLE001 - a count is nice to have, not worth failing for
-            n_params = None
         t_run = time.time()
         kind.run(trial.config, str(tdir), trial.seeds, trial.seed,
                  wandb=_wandb_arg(opts, tid, trial, tdir), checkpoint_every=opts.checkpoint_every)
         run_s = time.time() - t_run
+        n_params = trial_param_count(kind, trial.config, tdir)
     except KeyboardInterrupt:
         store.write_status(claim, "pending", error="interrupted")
         raise
