@@ -1,0 +1,521 @@
+"""Contrastive RL (CRL) with deep residual encoders (Eysenbach et al. 2022; Wang et al. 2025).
+
+The critic is a similarity between a state-action representation φ(s, a) and a goal representation
+ψ(g), both from the CRL residual backbone (Dense -> LN -> swish, blocks of 4 with a skip, scanned over
+depth) and a linear head to `repr_dim`. It is trained with InfoNCE on hindsight-relabelled batches:
+row i pairs (s_i, a_i) with a future state g_i of the same episode (goal_replay, P ∝ γ^k), and the
+other goals of the batch are negatives. Q(s, a, g) = energy(φ(s, a), ψ(g)) then ranks actions by how
+likely they reach g. The actor maximises Q(s, π(s, g), g) with SAC-style automatic entropy tuning
+(target entropy −`target_entropy_scale`·|A|). No target networks; Adam.
+
+    cfg = crl.Config(env="point_maze/u_maze", depth=16)
+    agent = crl.make(cfg)                   # init / chunk / evaluate / num_chunks / param_count
+    out = jax.jit(crl.make_train(cfg))(key)  # the whole run as one program
+
+Loop (inside one jitted `chunk`): the update ratio σ = `utd` gradient steps per env step is exact:
+σ·num_envs = U/P in lowest terms, one period = P vectorised env steps then U gradient steps (the
+paper: 512 envs, σ = 1/40 -> P = 5, U = 64). Warm-up (`learning_starts` env steps of uniform random
+actions) runs in `init`, so every chunk learns (no per-update `cond` under the seed vmap).
+
+Metrics per chunk: `time_at_goal` (mean over finished episodes of the number of steps at the goal),
+`success_any` (fraction of finished episodes that touched the goal), `episode_return`, `loss/critic`,
+`loss/actor`, `loss/alpha`, `alpha`, `entropy`, `accuracy` (categorical accuracy of the InfoNCE
+logits: argmax over goals == the positive), `logits/pos`, `logits/neg`, `logits/std`, `logsumexp`,
+`q_mean`, `param_norm`, `env_steps`, `grad_steps`. `evaluate` runs `eval_episodes` fresh envs for one
+episode with the deterministic policy: `eval_time_at_goal`, `eval_success_any`, `eval_return`.
+
+Data parallel (`data_parallel=True` or `make(cfg, mesh=...)`): the gradient is shard_map'd over the
+mesh axis `data` (`parallel.data_parallel_value_and_grad`). InfoNCE then uses each shard's B/n rows
+as negatives (as per-device batches do in the paper's multi-GPU runs); the actor/entropy terms are
+exact means over the global batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from scaling_rl import envs as envs_lib
+from scaling_rl import goal_replay
+from scaling_rl import nets
+from scaling_rl import parallel
+from scaling_rl.agents import common
+
+ENERGIES = ("l2", "l2_squared", "dot", "cosine")
+CONTRASTIVE_LOSSES = ("forward", "backward", "symmetric")
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------------
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _round_up(x: int, m: int) -> int:
+    return max(m, -(-x // m) * m)
+
+
+def _depth_hint(d: int) -> str:
+    lo = max(4, d // 4 * 4)
+    return f"{lo}" if lo == d or d < 4 else f"{lo} or {lo + 4}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """CRL hyper-parameters. Env-step units count single env transitions (a vectorised step of
+    num_envs envs = num_envs env steps); `utd` = gradient steps per env step (may be < 1)."""
+
+    env: str = "point_maze/u_maze"
+    episode_length: int = 0           # 0: the env's own max_episode_steps
+    num_envs: int = 64
+    env_steps: int = 200_000          # total per seed, including the warm-up
+    learning_starts: int = 2_048      # env steps of uniform random actions (in init)
+    chunk_env_steps: int = 8_192      # env steps per jitted host chunk
+    utd: float = 0.0625               # σ: gradient steps per env step (paper ≈ 1/40 with 512 envs)
+    batch_size: int = 256
+    lr: float = 3e-4
+    width: int = 256                  # critic encoders φ and ψ
+    depth: int = 4                    # Dense layers in the residual blocks (multiple of 4; paper 4..1024)
+    actor_width: int = 256
+    actor_depth: int = 4
+    repr_dim: int = 64
+    energy: str = "l2"                # l2 (paper: −‖φ−ψ‖₂) | l2_squared | dot | cosine
+    contrastive_loss: str = "forward"  # InfoNCE forward | backward | symmetric
+    logsumexp_penalty: float = 0.1
+    cosine_temperature: float = 0.1   # logits = cos / temperature for energy="cosine"
+    gamma: float = 0.99               # future-goal sampling: P(j) ∝ γ^(j−i)
+    target_entropy_scale: float = 0.5  # target entropy = −scale·|A|
+    buffer_size: int = 1_000_000      # env transitions kept (rows of num_envs)
+    scan: bool = True                 # scan the depth stack (compile time flat in depth)
+    remat: bool = False
+    compute_dtype: str = "float32"    # backbone matmuls: float32 | bfloat16
+    eval_episodes: int = 32
+    data_parallel: bool = False
+
+    def __post_init__(self):
+        for key in ("num_envs", "env_steps", "chunk_env_steps", "batch_size", "width", "depth",
+                    "actor_width", "actor_depth", "repr_dim", "buffer_size", "eval_episodes"):
+            v = getattr(self, key)
+            if not _is_int(v) or v < 1:
+                raise ValueError(f"{key}: must be an integer >= 1, got {v!r}; e.g. {getattr(Config, key)}")
+        for key in ("learning_starts", "episode_length"):
+            v = getattr(self, key)
+            if not _is_int(v) or v < 0:
+                raise ValueError(f"{key}: must be an integer >= 0, got {v!r}; e.g. {getattr(Config, key)}")
+        for key in ("utd", "lr", "logsumexp_penalty", "gamma", "target_entropy_scale", "cosine_temperature"):
+            v = getattr(self, key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise ValueError(f"{key}: must be a finite number, got {v!r}; e.g. {getattr(Config, key)}")
+        for key in ("depth", "actor_depth"):
+            v = getattr(self, key)
+            if v % 4:
+                raise ValueError(f"{key}: counts Dense layers of CRL blocks (4 per block), got {v}; "
+                                 f"use {_depth_hint(v)}")
+        if self.energy not in ENERGIES:
+            raise ValueError(f"energy: unknown {self.energy!r}; use one of {', '.join(ENERGIES)}")
+        if self.contrastive_loss not in CONTRASTIVE_LOSSES:
+            raise ValueError(f"contrastive_loss: unknown {self.contrastive_loss!r}; "
+                             f"use one of {', '.join(CONTRASTIVE_LOSSES)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}; e.g. 3e-4")
+        if not 0 < self.gamma < 1:
+            raise ValueError(f"gamma: must be in (0, 1), got {self.gamma}; e.g. 0.99")
+        if self.logsumexp_penalty < 0:
+            raise ValueError(f"logsumexp_penalty: must be >= 0, got {self.logsumexp_penalty}; e.g. 0.1")
+        if not self.cosine_temperature > 0:
+            raise ValueError(f"cosine_temperature: must be > 0, got {self.cosine_temperature}; e.g. 0.1")
+        if self.compute_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"compute_dtype: unknown {self.compute_dtype!r}; use 'float32' or 'bfloat16'")
+        if self.batch_size < 2:
+            raise ValueError(f"batch_size: {self.batch_size} leaves no negatives for InfoNCE; use >= 2, e.g. 256")
+        common.utd_fraction(self.utd)       # one-line error for unrepresentable σ
+        sched = common.utd_schedule(self.utd, self.num_envs)
+        period = sched.vector_steps * self.num_envs
+        if self.chunk_env_steps % period:
+            raise ValueError(f"chunk_env_steps: {self.chunk_env_steps} is not a multiple of the update "
+                             f"period ({period} env steps for utd={self.utd}, num_envs={self.num_envs}); "
+                             f"use {_round_up(self.chunk_env_steps, period)}")
+        if self.learning_starts % self.num_envs:
+            raise ValueError(f"learning_starts: {self.learning_starts} is not a multiple of num_envs="
+                             f"{self.num_envs}; use {_round_up(self.learning_starts, self.num_envs)}")
+        if self.buffer_size % self.num_envs:
+            raise ValueError(f"buffer_size: {self.buffer_size} is not a multiple of num_envs={self.num_envs}"
+                             f" (the buffer keeps whole vectorised steps); use "
+                             f"{_round_up(self.buffer_size, self.num_envs)}")
+        if self.buffer_size // self.num_envs < 2:
+            raise ValueError(f"buffer_size: {self.buffer_size} holds < 2 steps per env; use "
+                             f"{2 * self.num_envs} or more")
+        if self.learning_starts < self.num_envs:
+            raise ValueError(f"learning_starts: {self.learning_starts} leaves the buffer empty at the first "
+                             f"update; use at least num_envs={self.num_envs}")
+        if self.env_steps < self.learning_starts + self.chunk_env_steps:
+            raise ValueError(f"env_steps: {self.env_steps} leaves no learning chunk after "
+                             f"{self.learning_starts} warm-up env steps; use at least "
+                             f"{self.learning_starts + self.chunk_env_steps}")
+        if self.data_parallel and self.batch_size % jax.device_count():
+            n = jax.device_count()
+            raise ValueError(f"batch_size: {self.batch_size} does not split over {n} devices for "
+                             f"data_parallel; use {_round_up(self.batch_size, n)}")
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks after the warm-up; the last may overshoot env_steps by < chunk_env_steps."""
+        return math.ceil((self.env_steps - self.learning_starts) / self.chunk_env_steps)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        """Build from a plain dict (e.g. parsed JSON); unknown keys are a one-line error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not a field of crl.Config; known: {', '.join(sorted(names))}")
+        hints = typing.get_type_hints(cls)
+        fixed = {}
+        for k, v in d.items():
+            if hints.get(k) is int and isinstance(v, float) and v.is_integer():
+                v = int(v)
+            elif hints.get(k) is float and _is_int(v):
+                v = float(v)
+            fixed[k] = v
+        return cls(**fixed)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def encoder_backbone(cfg: Config) -> nets.BackboneConfig:
+    return nets.BackboneConfig(kind="crl", width=cfg.width, depth=cfg.depth, scan=cfg.scan,
+                               remat=cfg.remat, compute_dtype=cfg.compute_dtype)
+
+
+def actor_backbone(cfg: Config) -> nets.BackboneConfig:
+    return nets.BackboneConfig(kind="crl", width=cfg.actor_width, depth=cfg.actor_depth, scan=cfg.scan,
+                               remat=cfg.remat, compute_dtype=cfg.compute_dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# Networks and losses
+# --------------------------------------------------------------------------------------------------
+
+
+class Encoder(nn.Module):
+    """x -> CRL residual backbone -> Dense(repr_dim): φ(s, a) or ψ(g)."""
+
+    backbone: nets.BackboneConfig
+    repr_dim: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = nets.Backbone(self.backbone, name="backbone")(x)
+        return nn.Dense(self.repr_dim, name="head")(h)
+
+
+class Actor(nn.Module):
+    """π(·|s, g): backbone over concat(state, goal), Gaussian mean and bounded log-std (tanh-squashed)."""
+
+    backbone: nets.BackboneConfig
+    action_dim: int
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        h = nets.Backbone(self.backbone, name="backbone")(obs)
+        mean, raw = jnp.split(nn.Dense(2 * self.action_dim, name="head")(h), 2, axis=-1)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (jnp.tanh(raw) + 1.0)
+        return mean, log_std
+
+
+def tanh_gaussian(mean, log_std, noise):
+    """a = tanh(mean + std·noise) and log π(a) (change of variables, stable log(1 − tanh²))."""
+    u = mean + jnp.exp(log_std) * noise
+    log_normal = -0.5 * jnp.square(noise) - 0.5 * math.log(2 * math.pi) - log_std
+    log_det = 2.0 * (math.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+    return jnp.tanh(u), jnp.sum(log_normal - log_det, axis=-1)
+
+
+def energy_matrix(phi: jax.Array, psi: jax.Array, kind: str, temperature: float = 0.1) -> jax.Array:
+    """logits[i, j] = energy(φ_i, ψ_j) for (B, R) x (B', R) -> (B, B')."""
+    if kind in ("l2", "l2_squared"):
+        sq = (jnp.sum(phi ** 2, -1)[:, None] + jnp.sum(psi ** 2, -1)[None, :] - 2.0 * phi @ psi.T)
+        sq = jnp.maximum(sq, 0.0)
+        return -sq if kind == "l2_squared" else -jnp.sqrt(sq + 1e-12)
+    if kind == "dot":
+        return phi @ psi.T
+    if kind == "cosine":
+        n = lambda x: x / (jnp.linalg.norm(x, axis=-1, keepdims=True) + 1e-8)  # noqa: E731
+        return n(phi) @ n(psi).T / temperature
+    raise ValueError(f"energy: unknown {kind!r}; use one of {', '.join(ENERGIES)}")
+
+
+def energy_pairs(phi: jax.Array, psi: jax.Array, kind: str, temperature: float = 0.1) -> jax.Array:
+    """energy(φ_i, ψ_i) row by row -> (B,); the diagonal of `energy_matrix`."""
+    if kind == "l2":
+        return -jnp.sqrt(jnp.sum((phi - psi) ** 2, -1) + 1e-12)
+    if kind == "l2_squared":
+        return -jnp.sum((phi - psi) ** 2, -1)
+    if kind == "dot":
+        return jnp.sum(phi * psi, -1)
+    if kind == "cosine":
+        n = lambda x: x / (jnp.linalg.norm(x, axis=-1, keepdims=True) + 1e-8)  # noqa: E731
+        return jnp.sum(n(phi) * n(psi), -1) / temperature
+    raise ValueError(f"energy: unknown {kind!r}; use one of {', '.join(ENERGIES)}")
+
+
+def infonce_loss(logits: jax.Array, kind: str, logsumexp_penalty: float) -> tuple[jax.Array, dict]:
+    """InfoNCE with positives on the diagonal: forward = softmax over goals (rows), backward = over
+    state-actions (columns), symmetric = their mean; plus penalty·mean(logsumexp_rows²)."""
+    diag = jnp.diagonal(logits)
+    lse_rows = jax.nn.logsumexp(logits, axis=1)
+    lse_cols = jax.nn.logsumexp(logits, axis=0)
+    forward = jnp.mean(lse_rows - diag)
+    backward = jnp.mean(lse_cols - diag)
+    loss = {"forward": forward, "backward": backward, "symmetric": 0.5 * (forward + backward)}[kind]
+    loss = loss + logsumexp_penalty * jnp.mean(lse_rows ** 2)
+    b = logits.shape[0]
+    off = (jnp.sum(logits) - jnp.sum(diag)) / (b * (b - 1))
+    stats = {"accuracy": jnp.mean(jnp.argmax(logits, axis=1) == jnp.arange(b)),
+             "logits/pos": jnp.mean(diag), "logits/neg": off, "logits/std": jnp.std(logits),
+             "logsumexp": jnp.mean(lse_rows)}
+    return loss, stats
+
+
+# --------------------------------------------------------------------------------------------------
+# Agent
+# --------------------------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class Learner:
+    params: dict          # {"sa": φ params, "g": ψ params, "actor": π params, "log_alpha": ()}
+    opt_state: Any
+
+
+@flax.struct.dataclass
+class TrainState:
+    learner: Learner
+    env_state: Any
+    obs: jax.Array
+    buffer: goal_replay.TrajectoryBuffer
+    rng: jax.Array
+    env_steps: jax.Array      # int32
+    grad_steps: jax.Array     # int32
+    chunk: jax.Array          # int32
+    ep_at_goal: jax.Array     # (E,) steps at goal in each env's current episode
+    ep_any: jax.Array         # (E,) bool: touched the goal in the current episode
+
+
+def _goal_env(cfg: Config, num_envs: int):
+    kw = {"max_episode_steps": cfg.episode_length} if cfg.episode_length else {}
+    env = envs_lib.make(cfg.env, num_envs=num_envs, **kw)
+    if not hasattr(env, "goal_spec"):
+        goal_envs = [n for n in envs_lib.known() if n.startswith(("point_maze/", "goal/"))]
+        raise ValueError(f"env: {cfg.env!r} is not goal-conditioned (no goal_spec); use one of "
+                         f"{', '.join(goal_envs)}")
+    if env.spec.discrete:
+        raise ValueError(f"env: {cfg.env!r} has discrete actions; CRL here needs continuous actions")
+    return env
+
+
+def _success(env, ts) -> jax.Array:
+    info = getattr(ts, "info", None) or {}
+    return info["success"] if "success" in info else env.goal_spec.success(ts.next_obs)
+
+
+def make(cfg: Config, mesh=None) -> common.Agent:
+    """Build the CRL agent (contract in docs/architecture.md); `mesh`/`data_parallel` shards updates."""
+    if not isinstance(cfg, Config):
+        raise ValueError(f"cfg: expected crl.Config, got {type(cfg).__name__}; use crl.Config(...)")
+    if mesh is None and cfg.data_parallel:
+        mesh = parallel.make_mesh()
+    if cfg.batch_size % parallel.mesh_size(mesh):
+        n = parallel.mesh_size(mesh)
+        raise ValueError(f"batch_size: {cfg.batch_size} does not split over {n} devices; "
+                         f"use {_round_up(cfg.batch_size, n)}")
+    env = _goal_env(cfg, cfg.num_envs)
+    eval_env = _goal_env(cfg, cfg.eval_episodes)
+    spec, gs = env.spec, env.goal_spec
+    s_dim, g_dim, a_dim = gs.state_dim, gs.goal_dim, spec.action_dim
+    goal_idx = jnp.asarray(gs.goal_indices)
+    rows = cfg.buffer_size // cfg.num_envs
+    sched = common.utd_schedule(cfg.utd, cfg.num_envs)
+    periods_per_chunk = cfg.chunk_env_steps // (sched.vector_steps * cfg.num_envs)
+    warmup_vector_steps = cfg.learning_starts // cfg.num_envs
+    target_entropy = -cfg.target_entropy_scale * a_dim
+
+    sa_net = Encoder(encoder_backbone(cfg), cfg.repr_dim)
+    g_net = Encoder(encoder_backbone(cfg), cfg.repr_dim)
+    actor_net = Actor(actor_backbone(cfg), a_dim)
+    optimizer = optax.adam(cfg.lr)
+    example_step = {"state": jnp.zeros((s_dim,)), "action": jnp.zeros((a_dim,)), "achieved": jnp.zeros((g_dim,))}
+
+    def init_params(key):
+        k_sa, k_g, k_pi = jax.random.split(key, 3)
+        return {"sa": sa_net.init(k_sa, jnp.zeros((1, s_dim + a_dim)))["params"],
+                "g": g_net.init(k_g, jnp.zeros((1, g_dim)))["params"],
+                "actor": actor_net.init(k_pi, jnp.zeros((1, s_dim + g_dim)))["params"],
+                "log_alpha": jnp.zeros((), jnp.float32)}
+
+    shapes = jax.eval_shape(init_params, jax.random.PRNGKey(0))
+    encoder_params = nets.param_count(shapes["sa"]) + nets.param_count(shapes["g"])
+
+    def policy(actor_params, obs, noise):
+        mean, log_std = actor_net.apply({"params": actor_params}, obs)
+        return tanh_gaussian(mean, log_std, noise)
+
+    def loss_fn(params, batch, _extra):
+        s, a, g = batch["state"], batch["action"], batch["goal"]
+        phi = sa_net.apply({"params": params["sa"]}, jnp.concatenate([s, a], -1))
+        psi = g_net.apply({"params": params["g"]}, g)
+        logits = energy_matrix(phi, psi, cfg.energy, cfg.cosine_temperature)
+        critic_loss, stats = infonce_loss(logits, cfg.contrastive_loss, cfg.logsumexp_penalty)
+        # actor: the critic is held fixed (its gradient comes from InfoNCE only)
+        critic = jax.lax.stop_gradient({"sa": params["sa"], "g": params["g"]})
+        pi_a, logp = policy(params["actor"], jnp.concatenate([s, g], -1), batch["noise"])
+        phi_pi = sa_net.apply({"params": critic["sa"]}, jnp.concatenate([s, pi_a], -1))
+        psi_g = g_net.apply({"params": critic["g"]}, g)
+        q = energy_pairs(phi_pi, psi_g, cfg.energy, cfg.cosine_temperature)
+        alpha = jnp.exp(jax.lax.stop_gradient(params["log_alpha"]))
+        actor_loss = jnp.mean(alpha * logp - q)
+        alpha_loss = -jnp.mean(params["log_alpha"] * jax.lax.stop_gradient(logp + target_entropy))
+        aux = {"loss/critic": critic_loss, "loss/actor": actor_loss, "loss/alpha": alpha_loss,
+               "alpha": alpha, "entropy": -jnp.mean(logp), "q_mean": jnp.mean(q), **stats}
+        return critic_loss + actor_loss + alpha_loss, aux
+
+    value_and_grad = parallel.data_parallel_value_and_grad(loss_fn, mesh)
+
+    def update(learner: Learner, batch: dict, key: jax.Array) -> tuple[Learner, dict]:
+        """One gradient step on a relabelled batch {state, action, goal}."""
+        batch = {**batch, "noise": jax.random.normal(key, (batch["state"].shape[0], a_dim))}
+        (_, aux), grads = value_and_grad(learner.params, batch, None)
+        updates, opt_state = optimizer.update(grads, learner.opt_state, learner.params)
+        return Learner(optax.apply_updates(learner.params, updates), opt_state), aux
+
+    def sample_batch(buf, key):
+        now, fut, _ = goal_replay.sample(buf, key, cfg.batch_size, cfg.gamma)
+        return {"state": now["state"], "action": now["action"], "goal": fut["achieved"]}
+
+    def env_step(state: TrainState, action):
+        env_state, ts = env.step(state.env_state, action)
+        step = {"state": state.obs[:, :s_dim], "action": action,
+                "achieved": ts.next_obs[:, :s_dim][:, goal_idx]}
+        buf = goal_replay.add(state.buffer, step, ts.done)
+        success = _success(env, ts)
+        at_goal = state.ep_at_goal + success.astype(jnp.float32)
+        any_ = state.ep_any | success
+        done = ts.done
+        stats = (jnp.sum(jnp.where(done, at_goal, 0.0)), jnp.sum(jnp.where(done, any_, False)),
+                 jnp.sum(jnp.where(done, ts.episode_return, 0.0)), jnp.sum(done))
+        state = state.replace(env_state=env_state, obs=ts.obs, buffer=buf,
+                              env_steps=state.env_steps + cfg.num_envs,
+                              ep_at_goal=jnp.where(done, 0.0, at_goal), ep_any=jnp.where(done, False, any_))
+        return state, stats
+
+    def random_step(state: TrainState, _):
+        rng, k = jax.random.split(state.rng)
+        action = jax.random.uniform(k, (cfg.num_envs, a_dim), minval=-1.0, maxval=1.0)
+        return env_step(state.replace(rng=rng), action)
+
+    def policy_step(state: TrainState, _):
+        rng, k = jax.random.split(state.rng)
+        noise = jax.random.normal(k, (cfg.num_envs, a_dim))
+        action, _ = policy(state.learner.params["actor"], state.obs, noise)
+        return env_step(state.replace(rng=rng), action)
+
+    def grad_step(state: TrainState, _):
+        rng, k_batch, k_upd = jax.random.split(state.rng, 3)
+        learner, aux = update(state.learner, sample_batch(state.buffer, k_batch), k_upd)
+        return state.replace(learner=learner, rng=rng, grad_steps=state.grad_steps + 1), aux
+
+    def period(state: TrainState, _):
+        state, stats = jax.lax.scan(policy_step, state, None, length=sched.vector_steps)
+        state, aux = jax.lax.scan(grad_step, state, None, length=sched.updates)
+        return state, (jax.tree.map(jnp.sum, stats), jax.tree.map(jnp.mean, aux))
+
+    def init(key: jax.Array) -> TrainState:
+        k_params, k_env, rng = jax.random.split(key, 3)
+        params = init_params(k_params)
+        env_state, obs = env.reset(k_env)
+        n = cfg.num_envs
+        state = TrainState(
+            learner=Learner(params, optimizer.init(params)), env_state=env_state, obs=obs,
+            buffer=goal_replay.init(rows, n, example_step), rng=rng,
+            env_steps=jnp.zeros((), jnp.int32), grad_steps=jnp.zeros((), jnp.int32),
+            chunk=jnp.zeros((), jnp.int32), ep_at_goal=jnp.zeros((n,), jnp.float32),
+            ep_any=jnp.zeros((n,), bool))
+        state, _ = jax.lax.scan(random_step, state, None, length=warmup_vector_steps)
+        return state
+
+    def chunk(state: TrainState) -> tuple[TrainState, dict]:
+        state, (stats, aux) = jax.lax.scan(period, state, None, length=periods_per_chunk)
+        at_goal, any_, ret, n_done = (jnp.sum(x) for x in stats)
+        episodes = jnp.maximum(n_done, 1)
+        finished = n_done > 0
+        metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), aux)
+        metrics.update({
+            "time_at_goal": jnp.where(finished, at_goal / episodes, jnp.nan),
+            "success_any": jnp.where(finished, any_ / episodes, jnp.nan),
+            "episode_return": jnp.where(finished, ret / episodes, jnp.nan),
+            "episodes": n_done.astype(jnp.int32),
+            "param_norm": optax.global_norm({k: v for k, v in state.learner.params.items()
+                                             if k != "log_alpha"}),
+            "env_steps": state.env_steps, "grad_steps": state.grad_steps})
+        return state.replace(chunk=state.chunk + 1), metrics
+
+    def evaluate(state: TrainState, key: jax.Array) -> dict:
+        actor = state.learner.params["actor"]
+        return rollout_metrics(eval_env, lambda obs, k: policy(actor, obs, jnp.zeros(obs.shape[:-1] + (a_dim,)))[0],
+                               key)
+
+    return common.Agent(init=init, chunk=chunk, evaluate=evaluate, num_chunks=cfg.num_chunks,
+                        param_count=int(encoder_params), update=update, env_spec=spec)
+
+
+def rollout_metrics(env, act_fn, key: jax.Array) -> dict:
+    """First episode of each of env.num_envs fresh envs under act_fn(obs, key): time at goal
+    (steps with success), success-any and return, averaged over envs (`eval_` prefixed)."""
+    env_state, obs = env.reset(key)
+    n = env.num_envs
+
+    def step(carry, k):
+        env_state, obs, at_goal, any_, ret, live = carry
+        env_state, ts = env.step(env_state, act_fn(obs, k))
+        success = _success(env, ts) & live
+        at_goal = at_goal + success
+        any_ = any_ | success
+        ret = ret + jnp.where(live, ts.reward, 0.0)
+        return (env_state, ts.obs, at_goal, any_, ret, live & ~ts.done), None
+
+    zeros = jnp.zeros((n,), jnp.float32)
+    carry = (env_state, obs, zeros, jnp.zeros((n,), bool), zeros, jnp.ones((n,), bool))
+    keys = jax.random.split(jax.random.fold_in(key, 1), env.spec.max_episode_steps)
+    (_, _, at_goal, any_, ret, _), _ = jax.lax.scan(step, carry, keys)
+    return {"eval_time_at_goal": jnp.mean(at_goal), "eval_success_any": jnp.mean(any_),
+            "eval_return": jnp.mean(ret)}
+
+
+def random_policy_metrics(cfg: Config, key: jax.Array, episodes: int | None = None) -> dict:
+    """The same evaluation under uniformly random actions: the baseline a learner must beat."""
+    env = _goal_env(cfg, episodes or cfg.eval_episodes)
+    a_dim = env.spec.action_dim
+    return rollout_metrics(env, lambda obs, k: jax.random.uniform(k, (obs.shape[0], a_dim), minval=-1, maxval=1),
+                           key)
+
+
+def param_count(cfg: Config) -> int:
+    """Encoder (φ + ψ) parameter count N for `cfg` (builds the env to read its dimensions)."""
+    return make(cfg).param_count
+
+
+def make_train(cfg: Config, mesh=None):
+    """Pure `train(key) -> (state, metrics stacked over chunks)`, evaluating after every chunk."""
+    return common.make_train_from_agent(make(cfg, mesh))

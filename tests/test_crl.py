@@ -1,0 +1,151 @@
+"""CRL: config errors, energies and InfoNCE math, goal brax envs, and learning on the point U-maze."""
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scaling_rl.agents import crl
+
+TINY = dict(env="point_maze/u_maze", num_envs=32, env_steps=1024 + 2 * 8192, learning_starts=1024,
+            chunk_env_steps=8192, utd=0.125, batch_size=128, width=64, depth=4, actor_width=64,
+            actor_depth=4, repr_dim=16, eval_episodes=256, buffer_size=32 * 1024)
+
+
+# --- config ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides, match", [
+    (dict(depth=6), r"^depth: .*use 4 or 8$"),
+    (dict(actor_depth=2), r"^actor_depth: .*use 4$"),
+    (dict(num_envs=48, utd=0.125, chunk_env_steps=1000), r"^chunk_env_steps: .*use 1008$"),
+    (dict(num_envs=64, learning_starts=1000), r"^learning_starts: .*use 1024$"),
+    (dict(num_envs=64, buffer_size=1000), r"^buffer_size: .*use 1024$"),
+    (dict(batch_size=1), r"^batch_size: .*use >= 2"),
+    (dict(energy="manhattan"), r"^energy: .*l2, l2_squared, dot, cosine$"),
+    (dict(contrastive_loss="sideways"), r"^contrastive_loss: "),
+    (dict(utd=0.0123), r"^utd: "),
+    (dict(env_steps=100), r"^env_steps: .*use at least"),
+])
+def test_invalid_configs_are_one_line_errors_naming_a_fix(overrides, match):
+    with pytest.raises(ValueError, match=match) as err:
+        crl.Config(**overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_config_json_round_trip():
+    cfg = crl.Config(**TINY)
+    back = crl.Config.from_dict(json.loads(json.dumps(dataclasses.asdict(cfg))))
+    assert back == cfg
+    with pytest.raises(ValueError, match="^widht: not a field"):
+        crl.Config.from_dict({"widht": 3})
+    assert crl.Config(**{**TINY, "env_steps": 1024 + 2 * 8192 + 1}).num_chunks == 3
+
+
+def test_paper_update_ratio_is_exact():
+    cfg = crl.Config(num_envs=512, utd=1 / 40, chunk_env_steps=5 * 512 * 10, learning_starts=512,
+                     env_steps=512 + 25600, buffer_size=512 * 100)
+    from scaling_rl.agents import common
+    assert common.utd_schedule(cfg.utd, cfg.num_envs) == (5, 64)     # 5 vector steps, then 64 updates
+
+
+def test_not_goal_conditioned_env_is_rejected():
+    from scaling_rl import envs
+    from scaling_rl.envs.core import EnvSpec, VectorEnv
+
+    spec = EnvSpec("test/no_goal", 3, 2, False, 0, (-1.0, -1.0), (1.0, 1.0), 10)
+    envs.register("test/no_goal", lambda n, **kw: VectorEnv(spec, None, None, n), overwrite=True)
+    with pytest.raises(ValueError, match="^env: 'test/no_goal' is not goal-conditioned .*point_maze/u_maze"):
+        crl.make(crl.Config(**{**TINY, "env": "test/no_goal"}))
+
+
+# --- energies and losses --------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", crl.ENERGIES)
+def test_energy_matrix_diagonal_matches_pairs(kind):
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    phi, psi = jax.random.normal(k1, (5, 3)), jax.random.normal(k2, (5, 3))
+    m = crl.energy_matrix(phi, psi, kind)
+    np.testing.assert_allclose(jnp.diagonal(m), crl.energy_pairs(phi, psi, kind), rtol=1e-5, atol=1e-5)
+    ref = {"l2": -np.linalg.norm(phi[:, None] - psi[None], axis=-1),
+           "l2_squared": -np.sum((phi[:, None] - psi[None]) ** 2, -1),
+           "dot": np.asarray(phi @ psi.T)}
+    if kind in ref:
+        np.testing.assert_allclose(m, ref[kind], rtol=1e-4, atol=1e-4)
+    else:
+        assert float(jnp.max(jnp.abs(m))) <= 10.0 + 1e-4       # |cos| / 0.1
+
+
+def test_infonce_variants_penalty_and_accuracy():
+    logits = jnp.array([[2.0, 0.0, 0.0], [1.0, 0.5, 0.0], [0.0, 0.0, 3.0]])
+    lse_r = np.log(np.exp(np.asarray(logits)).sum(1))
+    lse_c = np.log(np.exp(np.asarray(logits)).sum(0))
+    diag = np.diag(np.asarray(logits))
+    fwd, _ = crl.infonce_loss(logits, "forward", 0.0)
+    bwd, _ = crl.infonce_loss(logits, "backward", 0.0)
+    sym, stats = crl.infonce_loss(logits, "symmetric", 0.1)
+    np.testing.assert_allclose(fwd, np.mean(lse_r - diag), rtol=1e-6)
+    np.testing.assert_allclose(bwd, np.mean(lse_c - diag), rtol=1e-6)
+    np.testing.assert_allclose(sym, 0.5 * (fwd + bwd) + 0.1 * np.mean(lse_r ** 2), rtol=1e-6)
+    assert float(stats["accuracy"]) == pytest.approx(2 / 3)       # row 1 prefers column 0
+    assert float(stats["logits/pos"]) == pytest.approx(diag.mean())
+    assert float(stats["logits/neg"]) == pytest.approx((np.sum(logits) - diag.sum()) / 6)
+
+
+def test_tanh_gaussian_log_prob_matches_density():
+    mean, log_std = jnp.array([[0.3, -0.2]]), jnp.array([[-0.5, 0.1]])
+    noise = jnp.array([[0.7, -1.1]])
+    a, logp = crl.tanh_gaussian(mean, log_std, noise)
+    u = mean + jnp.exp(log_std) * noise
+    ref = jax.scipy.stats.norm.logpdf(u, mean, jnp.exp(log_std)) - jnp.log(1 - jnp.tanh(u) ** 2)
+    np.testing.assert_allclose(a, jnp.tanh(u), rtol=1e-6)
+    np.testing.assert_allclose(logp, ref.sum(-1), rtol=1e-5)
+
+
+# --- goal-conditioned brax envs (cheap: construction and abstract shapes only) ---------------------
+def test_ant_maze_layout_as_data_builds_walls():
+    from scaling_rl.envs import goal
+
+    walls, start, goals = goal.maze_cells(goal.ANT_MAZES["u_maze"], 4.0)
+    assert len(walls) == 25 - 7 and start.tolist() == [4.0, 4.0] and goals.tolist() == [[4.0, 12.0]]
+    xml = goal.maze_xml("<mujoco><worldbody><geom/></worldbody></mujoco>", walls, 4.0)
+    assert xml.count('type="box"') == len(walls) and 'conaffinity="1"' in xml
+    with pytest.raises(ValueError, match="^layout: needs exactly one 'R'"):
+        goal.maze_cells(("###", "#.#", "###"), 1.0)
+
+
+def test_goal_reacher_declares_goal_and_obs_layout():
+    from scaling_rl import envs
+
+    env = envs.make("goal/reacher", num_envs=3, max_episode_steps=7)
+    gs = env.goal_spec
+    assert (gs.state_dim, gs.goal_indices, gs.success_threshold) == (8, (6, 7), 0.05)
+    assert env.spec.obs_dim == 10 and env.spec.action_dim == 2 and env.spec.max_episode_steps == 7
+    obs = np.zeros((4, 10), np.float32)
+    obs[0, 6:8], obs[0, 8:] = [0.1, 0.1], [0.12, 0.1]          # 0.02 away: success
+    obs[1, 6:8], obs[1, 8:] = [0.1, 0.1], [0.1, 0.2]           # 0.1 away: not
+    assert np.asarray(env.success(jnp.asarray(obs))).tolist() == [True, False, True, True]
+    for name in ("goal/ant", "goal/humanoid", "goal/pusher", "goal/ant_u_maze", "goal/ant_big_maze"):
+        assert name in envs.known()
+
+
+# --- learning -------------------------------------------------------------------------------------
+def test_crl_learns_point_u_maze_far_above_random():
+    cfg = crl.Config(**TINY)
+    agent = crl.make(cfg)
+    assert agent.param_count > 0 and agent.num_chunks == 2
+    train = jax.jit(crl.make_train(cfg))
+    state, metrics = train(jax.random.PRNGKey(0))
+    m = jax.device_get(metrics)
+    rand = jax.device_get(jax.jit(lambda k: crl.random_policy_metrics(cfg, k, 256))(jax.random.PRNGKey(1)))
+    print({k: np.round(v, 3) for k, v in m.items() if k.startswith(("eval", "time", "success", "acc"))},
+          "random:", {k: round(float(v), 3) for k, v in rand.items()})
+    assert m["grad_steps"][-1] == 2 * 8192 * cfg.utd and m["env_steps"][-1] == cfg.env_steps
+    for key in ("loss/critic", "loss/actor", "accuracy", "logits/pos", "logits/neg", "time_at_goal",
+                "success_any", "alpha", "entropy", "param_norm"):
+        assert np.isfinite(m[key]).all(), key
+    assert m["loss/critic"][-1] < m["loss/critic"][0]
+    assert m["accuracy"][-1] > 2.0 / cfg.batch_size                # far above chance (1/B)
+    assert m["logits/pos"][-1] > m["logits/neg"][-1]
+    success, time_at_goal = m["eval_success_any"][-1], m["eval_time_at_goal"][-1]
+    assert success > rand["eval_success_any"] + 0.2
+    assert time_at_goal > 3 * rand["eval_time_at_goal"]
