@@ -1,0 +1,300 @@
+"""Curves -> data efficiency D_J, with a bootstrap over seeds.
+
+Per configuration: per-task return normalisation, seed-mean curve, isotonic regression (a learning
+curve's noise is not progress), D_J = the env step at which the isotonic curve first reaches J,
+linearly interpolated between the two log points around the crossing. A curve that never reaches J is
+*censored*: D_J = inf, kept in every table and flagged, never silently dropped.
+
+Per (task, σ, N): the best batch size / learning rate (and any other swept field) is chosen per
+bootstrap sample; D_J(σ, N) is the best configuration's D_J; B*, η* are the geometric means of the
+per-sample winners ("uncertainty-corrected best"), and the configurations within error of the best are
+listed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pandas as pd
+from sklearn.isotonic import isotonic_regression
+
+from .data import Curve, CurveSet
+
+try:  # sklearn's PAVA kernel without per-call validation (~50x less overhead on short curves)
+    from sklearn._isotonic import _inplace_contiguous_isotonic_regression as _pava
+except ImportError:  # pragma: no cover - private API moved
+    _pava = None
+
+GROUP_KEYS = ("task", "utd", "param_count")
+
+
+def isotonic_rows(Y: np.ndarray) -> np.ndarray:
+    """Non-decreasing least-squares fit of each row of Y (K, T) (scikit-learn's PAVA)."""
+    Y = np.array(Y, dtype=np.float64, order="C", ndmin=2, copy=True)
+    if Y.shape[1] < 2:
+        return Y
+    mono = np.all(np.diff(Y, axis=1) >= 0, axis=1)
+    w = np.ones(Y.shape[1])
+    for k in np.flatnonzero(~mono):
+        if _pava is not None:
+            row = np.ascontiguousarray(Y[k])
+            _pava(row, w.copy())
+            Y[k] = row
+        else:
+            Y[k] = isotonic_regression(Y[k])
+    return Y
+
+
+def first_crossing(steps: np.ndarray, Ymono: np.ndarray, thresholds: np.ndarray,
+                   interpolation: str = "log") -> np.ndarray:
+    """D (K, nJ): first env step where each non-decreasing row of Ymono (K, T) reaches each threshold,
+    interpolated between the two log points around the crossing, linearly in the step or in its log
+    (`interpolation="log"`, the default: learning curves are closer to linear in log-steps, and linear
+    interpolation over a coarse early log grid overestimates D); the first log point if the curve
+    starts above J; inf if it never gets there."""
+    Ymono = np.atleast_2d(Ymono)
+    T = Ymono.shape[1]
+    J = np.asarray(thresholds, float)
+    idx = np.sum(Ymono[:, :, None] < J[None, None, :], axis=1)  # first index with y >= J
+    i1 = np.clip(idx, 1, T - 1)
+    y0 = np.take_along_axis(Ymono, i1 - 1, axis=1)
+    y1 = np.take_along_axis(Ymono, i1, axis=1)
+    t0, t1 = steps[i1 - 1], steps[i1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.clip((J[None, :] - y0) / (y1 - y0), 0.0, 1.0)
+        if interpolation == "log":
+            D = np.where(t0 > 0, t0 * (t1 / np.where(t0 > 0, t0, 1.0)) ** frac, t0 + frac * (t1 - t0))
+        elif interpolation == "linear":
+            D = t0 + frac * (t1 - t0)
+        else:
+            raise ValueError(f"interpolation: {interpolation!r} is unknown; use 'log' or 'linear'")
+    D = np.where(idx == 0, steps[0], D)
+    return np.where(idx >= T, np.inf, D)
+
+
+@dataclasses.dataclass
+class DataEfficiency:
+    """D_J for every configuration and every (task, σ, N), point estimate and bootstrap samples."""
+
+    thresholds: dict[str, np.ndarray]     # task -> (nJ,) in (normalised) metric units
+    normalization: dict[str, tuple[float, float]]
+    configs: pd.DataFrame                 # one row per configuration (C)
+    point: np.ndarray                     # (C, nJ) from all seeds
+    boot: np.ndarray                      # (K, C, nJ)
+    groups: pd.DataFrame                  # one row per (task, σ, N) (G)
+    g_point: np.ndarray                   # (G, nJ) best configuration's D_J
+    g_best: np.ndarray                    # (G, nJ) config index of the point best (-1 if censored)
+    g_boot: np.ndarray                    # (K, G, nJ) per-sample best D_J
+    g_boot_best: np.ndarray               # (K, G, nJ) per-sample winning config (-1 if censored)
+    curves_iso: list[np.ndarray]          # per config: isotonic seed-mean curve (normalised)
+    curves_mean: list[np.ndarray]         # per config: raw seed-mean curve (normalised)
+    notes: list[str]
+    g_left: np.ndarray                    # (G, nJ) best D_J is the first log point (an upper bound)
+    g_boot_left: np.ndarray               # (K, G, nJ) same per bootstrap sample
+
+    def fit_data(self, j: int, mask: np.ndarray | None = None):
+        """Indices, point D_J (G',) and bootstrap D_J (K, G') of the (task, σ, N) points usable in a fit
+        at threshold j: reached J, and not already at the first log point. Unusable bootstrap entries
+        are NaN."""
+        ok = np.isfinite(self.g_point[:, j]) & ~self.g_left[:, j]
+        if mask is not None:
+            ok &= mask
+        idx = np.flatnonzero(ok)
+        Y = np.where(self.g_boot_left[:, idx, j], np.nan, self.g_boot[:, idx, j])
+        return idx, self.g_point[idx, j], Y
+
+    @property
+    def n_thresholds(self) -> int:
+        return len(next(iter(self.thresholds.values())))
+
+    @property
+    def min_seeds(self) -> int:
+        return int(self.configs["n_seeds"].min())
+
+    def group_table(self, level: float = 0.9) -> pd.DataFrame:
+        """Long table per (task, σ, N, J): D_J point, bootstrap mean/std and `level` interval,
+        censoring, best config, and the configurations within error of the best."""
+        rows = []
+        cfg = self.configs
+        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-censored points -> NaN statistics
+            fin = np.where(np.isfinite(self.boot), self.boot, np.nan)
+            c_std = np.nanstd(fin, axis=0, ddof=1) if self.boot.shape[0] > 1 else np.full(self.point.shape, np.nan)
+            gfin = np.where(np.isfinite(self.g_boot), self.g_boot, np.nan)
+            g_mean = np.nanmean(gfin, axis=0)
+            g_std = np.nanstd(gfin, axis=0, ddof=1) if self.g_boot.shape[0] > 1 else np.full(self.g_point.shape, np.nan)
+            # Percentile interval of log D around the point estimate, deviations inflated for few seeds.
+            infl = np.sqrt(self.min_seeds / (self.min_seeds - 1)) if self.min_seeds > 1 else np.nan
+            lg = np.log(self.g_point)[None] + infl * (np.log(gfin) - np.log(self.g_point)[None])
+            q = (1 - level) / 2
+            g_lo, g_hi = np.exp(np.nanquantile(lg, q, axis=0)), np.exp(np.nanquantile(lg, 1 - q, axis=0))
+        single = self.configs.groupby("group")["n_seeds"].min().to_numpy() < 2
+        for g, grow in self.groups.iterrows():
+            members = np.flatnonzero(cfg["group"].to_numpy() == g)
+            for j in range(self.n_thresholds):
+                best = self.g_best[g, j]
+                D = self.g_point[g, j]
+                within = []
+                if best >= 0:
+                    tol = np.sqrt(np.nan_to_num(c_std[members, j]) ** 2 + np.nan_to_num(c_std[best, j]) ** 2)
+                    within = [int(c) for c, t in zip(members, tol) if self.point[c, j] <= D + t]
+                winners = self.g_boot_best[:, g, j]
+                bvals = cfg["batch_size"].to_numpy()[winners[winners >= 0]]
+                lvals = cfg["lr"].to_numpy()[winners[winners >= 0]]
+                censored_cfg = [int(c) for c in members if not np.isfinite(self.point[c, j])]
+                rows.append({
+                    "task": grow["task"], "utd": grow["utd"], "param_count": grow["param_count"], "j_index": j,
+                    "threshold": float(self.thresholds[grow["task"]][j]), "D": float(D),
+                    "D_boot_mean": float(g_mean[g, j]),
+                    "D_boot_std": float("nan") if single[g] else float(g_std[g, j]),
+                    "D_lo": float("nan") if single[g] else float(g_lo[g, j]),
+                    "D_hi": float("nan") if single[g] else float(g_hi[g, j]),
+                    "censored": bool(not np.isfinite(D)),
+                    "left_censored": bool(self.g_left[g, j]),
+                    "censored_boot_frac": float(np.mean(~np.isfinite(self.g_boot[:, g, j]))),
+                    "last_step": float(cfg["last_step"].to_numpy()[members].max()),
+                    "best_config": int(best),
+                    "best_batch_size": float(cfg["batch_size"].iloc[best]) if best >= 0 else float("nan"),
+                    "best_lr": float(cfg["lr"].iloc[best]) if best >= 0 else float("nan"),
+                    "batch_size_star": _geomean(bvals), "lr_star": _geomean(lvals),
+                    "within_error": within, "censored_configs": censored_cfg,
+                    # A censored config that stopped logging before the best's D_J might have beaten it.
+                    "ambiguous": bool(best >= 0 and any(cfg["last_step"].iloc[c] < D for c in censored_cfg)),
+                    "n_seeds": int(cfg["n_seeds"].to_numpy()[members].min()),
+                })
+        return pd.DataFrame(rows)
+
+    def hparam_samples(self, field: str) -> tuple[np.ndarray, np.ndarray]:
+        """Uncertainty-corrected optimum of `field` per group (G,) and per bootstrap sample (K, G):
+        geometric means of the winning configurations' values over samples and thresholds (a
+        sample's value averages over thresholds only)."""
+        vals = np.log(self.configs[field].to_numpy(float))
+        win = self.g_boot_best
+        v = np.where(win >= 0, vals[np.maximum(win, 0)], np.nan)  # (K, G, nJ)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-censored groups -> NaN
+            per_sample = np.exp(np.nanmean(v, axis=2))
+            point = np.exp(np.nanmean(v, axis=(0, 2)))
+        return point, per_sample
+
+
+def _geomean(v: np.ndarray) -> float:
+    v = np.asarray(v, float)
+    v = v[np.isfinite(v) & (v > 0)]
+    return float(np.exp(np.mean(np.log(v)))) if v.size else float("nan")
+
+
+def normalize_curves(cs: CurveSet, mode: str = "task") -> tuple[list[np.ndarray], dict[str, tuple[float, float]]]:
+    """Per-task affine map of returns to [0, 1] by the lowest and highest seed-mean value of the task
+    (`mode="task"`), or identity (`mode="none"`)."""
+    if mode not in ("task", "none"):
+        raise ValueError(f"normalize: {mode!r} is unknown; use 'task' or 'none'")
+    norm = {}
+    for task in cs.tasks:
+        means = [c.returns.mean(axis=1) for c in cs.curves if c.task == task]
+        lo, hi = float(min(m.min() for m in means)), float(max(m.max() for m in means))
+        norm[task] = (lo, hi) if (mode == "task" and hi > lo) else (0.0, 1.0)
+    return [(c.returns - norm[c.task][0]) / (norm[c.task][1] - norm[c.task][0]) for c in cs.curves], norm
+
+
+def choose_thresholds(iso: list[np.ndarray], curves: list[Curve], n: int = 5, spacing: str = "linear",
+                      margin: float = 0.02) -> dict[str, np.ndarray]:
+    """Per task, n thresholds from just above the highest starting level to the highest level that
+    every (σ, N) reaches with its best configuration (less `margin` of the task's range)."""
+    if spacing not in ("linear", "log"):
+        raise ValueError(f"spacing: {spacing!r} is unknown; use 'linear' or 'log'")
+    out = {}
+    for task in sorted({c.task for c in curves}):
+        reach: dict[tuple, float] = {}
+        start, lo, hi = -np.inf, np.inf, -np.inf
+        for y, c in zip(iso, curves):
+            if c.task != task:
+                continue
+            key = (c.utd, c.param_count)
+            reach[key] = max(reach.get(key, -np.inf), float(y[-1]))
+            start = max(start, float(y[0]))
+            lo, hi = min(lo, float(y.min())), max(hi, float(y.max()))
+        top = min(reach.values()) - margin * (hi - lo)
+        if not top > start:
+            raise ValueError(f"thresholds: in {task!r} some (σ, N) never improves on the best starting "
+                             f"level ({start:.3g}); pass --thresholds explicitly")
+        k = np.arange(1, n + 1) / n
+        gain = k if spacing == "linear" else np.geomspace(0.1, 1.0, n)
+        out[task] = start + (top - start) * gain
+    return out
+
+
+def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray | None = None, *,
+                    n_thresholds: int = 5, spacing: str = "linear", normalize: str = "task",
+                    n_bootstrap: int = 100, seed: int = 0, interpolation: str = "log") -> DataEfficiency:
+    """D_J for every configuration and every (task, σ, N), with `n_bootstrap` resamples of seeds."""
+    if not cs.curves:
+        raise ValueError("results: no curves")
+    Ys, norm = normalize_curves(cs, normalize)
+    means = [y.mean(axis=1) for y in Ys]
+    iso = [isotonic_rows(m[None])[0] for m in means]
+    if thresholds is None:
+        thr = choose_thresholds(iso, cs.curves, n_thresholds, spacing)
+    elif isinstance(thresholds, dict):
+        thr = {t: np.sort(np.asarray(v, float)) for t, v in thresholds.items()}
+    else:
+        thr = {t: np.sort(np.asarray(thresholds, float)) for t in cs.tasks}
+    if set(thr) != set(cs.tasks) or len({len(v) for v in thr.values()}) != 1:
+        raise ValueError("thresholds: need the same number of thresholds for every task")
+    nJ = len(next(iter(thr.values())))
+
+    rng = np.random.default_rng(seed)
+    K = max(int(n_bootstrap), 1)
+    C = len(cs.curves)
+    point = np.empty((C, nJ))
+    boot = np.empty((K, C, nJ))
+    for i, (c, Y) in enumerate(zip(cs.curves, Ys)):
+        J = thr[c.task]
+        point[i] = first_crossing(c.steps, iso[i][None], J, interpolation)[0]
+        S = Y.shape[1]
+        counts = rng.multinomial(S, np.full(S, 1.0 / S), size=K)          # resample seeds
+        bmeans = counts @ Y.T / S                                          # (K, T)
+        boot[:, i] = first_crossing(c.steps, isotonic_rows(bmeans), J, interpolation)
+
+    cfg = pd.DataFrame([{"task": c.task, "utd": c.utd, "param_count": c.param_count, "batch_size": c.batch_size,
+                         "lr": c.lr, "extra": dict(c.extra), "n_seeds": c.n_seeds, "first_step": float(c.steps[0]),
+                         "last_step": float(c.steps[-1]), "label": c.label} for c in cs.curves])
+    gkey = cfg[list(GROUP_KEYS)].fillna({"param_count": -1.0})
+    groups = gkey.drop_duplicates().sort_values(list(GROUP_KEYS)).reset_index(drop=True)
+    gindex = {tuple(r): g for g, r in enumerate(groups.itertuples(index=False))}
+    cfg["group"] = [gindex[tuple(r)] for r in gkey.itertuples(index=False)]
+    groups["param_count"] = groups["param_count"].replace(-1.0, np.nan)
+    G = len(groups)
+    g_point = np.full((G, nJ), np.inf)
+    g_best = np.full((G, nJ), -1)
+    g_boot = np.full((K, G, nJ), np.inf)
+    g_boot_best = np.full((K, G, nJ), -1)
+    for g in range(G):
+        m = np.flatnonzero(cfg["group"].to_numpy() == g)
+        sub = point[m]
+        a = np.argmin(sub, axis=0)
+        g_point[g] = sub[a, np.arange(nJ)]
+        g_best[g] = np.where(np.isfinite(g_point[g]), m[a], -1)
+        bs = boot[:, m]                                                     # (K, n_m, nJ)
+        ab = np.argmin(bs, axis=1)
+        g_boot[:, g] = np.take_along_axis(bs, ab[:, None], axis=1)[:, 0]
+        g_boot_best[:, g] = np.where(np.isfinite(g_boot[:, g]), m[ab], -1)
+    # Reached at or before the first log point: D_J is only an upper bound ("left-censored").
+    first = cfg["first_step"].to_numpy()
+    g_left = (g_best >= 0) & (g_point <= first[np.maximum(g_best, 0)])
+    g_boot_left = (g_boot_best >= 0) & (g_boot <= first[np.maximum(g_boot_best, 0)])
+    notes = list(cs.notes)
+    if g_left.any():
+        notes.append(f"{int(g_left.sum())} (task, σ, N, J) point(s) are above J at the first log point: D_J is "
+                     "only an upper bound there (left-censored), listed, left out of the fits")
+    if cfg["n_seeds"].min() < 2:
+        notes.append("some configurations have a single seed: their D_J has no bootstrap uncertainty (std NaN)")
+    n_cens = int(np.sum(~np.isfinite(g_point)))
+    if n_cens:
+        notes.append(f"{n_cens} (task, σ, N, J) point(s) never reach J with any configuration: censored, "
+                     "listed in the table, left out of the fits")
+    notes.append(f"D_J is interpolated ({'in log env-steps' if interpolation == 'log' else 'linearly'}) between "
+                 "the two log points around the crossing of the isotonic seed-mean curve")
+    return DataEfficiency(thr, norm, cfg, point, boot, groups, g_point, g_best, g_boot, g_boot_best,
+                          iso, means, notes, g_left, g_boot_left)

@@ -1,0 +1,293 @@
+"""Learning curves in, one `Curve` per configuration out (steps × seeds).
+
+Two sources:
+- the sweep store's tidy table (parquet/CSV, or a directory holding one, or a directory of trial
+  directories with `config.json` + `metrics.parquet`): one row per (trial, seed, log point) with
+  config columns (`utd`, `batch_size`, `lr`, `param_count`, `env`, `agent`, ...), `seed`,
+  `env_steps` and metric columns;
+- published curve directories `<root>/[w<width>p<param_count>/]utd_<σ>/<task>/<metric>/bs_<B>_lr_<η>[_<key>_<value>...].npy`
+  (rows = log points; column 0 = env step, the other columns = seeds).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+# Columns that describe a log point or a run, never a configuration.
+BOOKKEEPING = frozenset({"trial_id", "seed", "env_steps", "grad_steps", "chunk", "step", "time", "wall_time",
+                         "status", "trial_dir", "path", "timestamp"})
+CORE_FIELDS = ("env", "agent", "utd", "batch_size", "lr", "param_count", "width", "depth")
+
+
+@dataclasses.dataclass
+class Curve:
+    """All seeds of one configuration on a common grid of env steps."""
+
+    task: str
+    utd: float
+    param_count: float
+    batch_size: float
+    lr: float
+    steps: np.ndarray            # (T,) increasing env steps
+    returns: np.ndarray          # (T, S) metric per seed
+    extra: tuple[tuple[str, Any], ...] = ()   # further config fields (width, depth, tau, ...)
+
+    @property
+    def n_seeds(self) -> int:
+        return self.returns.shape[1]
+
+    @property
+    def label(self) -> str:
+        ex = "".join(f" {k}={v}" for k, v in self.extra)
+        return f"{self.task} σ={self.utd:g} N={self.param_count:.3g} B={self.batch_size:g} η={self.lr:g}{ex}"
+
+
+@dataclasses.dataclass
+class CurveSet:
+    """Curves of one metric plus notes on anything the loader had to decide."""
+
+    curves: list[Curve]
+    metric: str
+    notes: list[str] = dataclasses.field(default_factory=list)
+    source: str = ""
+
+    @property
+    def tasks(self) -> list[str]:
+        return sorted({c.task for c in self.curves})
+
+    def levels(self, field: str) -> np.ndarray:
+        vals = np.array([getattr(c, field) for c in self.curves], float)
+        return np.unique(vals[np.isfinite(vals)])
+
+    def to_table(self) -> pd.DataFrame:
+        """The tidy long table (one row per config, seed, log point)."""
+        frames = []
+        for i, c in enumerate(self.curves):
+            T, S = c.returns.shape
+            d = {"trial_id": f"t{i:05d}", "env": c.task, "utd": c.utd, "param_count": c.param_count,
+                 "batch_size": c.batch_size, "lr": c.lr, **dict(c.extra)}
+            frame = pd.DataFrame({"seed": np.repeat(np.arange(S), T), "env_steps": np.tile(c.steps, S),
+                                  self.metric: c.returns.T.reshape(-1)})
+            for k, v in d.items():
+                frame[k] = v
+            frames.append(frame)
+        return pd.concat(frames, ignore_index=True)
+
+
+def load_results(path: str | Path, metric: str = "eval_return") -> CurveSet:
+    """Load curves of `metric` from a tidy table file, a directory holding one, a directory of trial
+    directories, or a published `.npy` curve directory. Raises ValueError (one line) on bad input."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"results: {path} does not exist; pass a parquet/CSV table or a results directory")
+    if path.is_file():
+        return curves_from_table(_read_table(path), metric, source=str(path))
+    if any(p.name.startswith("utd_") for p in path.rglob("utd_*") if p.is_dir()):
+        return load_npy_dir(path, metric)
+    tables = sorted(list(path.glob("*.parquet")) + list(path.glob("*.csv")))
+    if len(tables) == 1:
+        return curves_from_table(_read_table(tables[0]), metric, source=str(tables[0]))
+    for name in ("results.parquet", "table.parquet"):
+        if (path / name).exists():
+            return curves_from_table(_read_table(path / name), metric, source=str(path / name))
+    trials = sorted(p.parent for p in path.rglob("metrics.parquet") if (p.parent / "config.json").exists())
+    if trials:
+        return curves_from_table(_read_trial_dirs(trials), metric, source=str(path))
+    raise ValueError(f"results: no table (*.parquet, *.csv), trial directories or utd_*/ curve layout in {path}")
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    raise ValueError(f"results: {path.name} is neither .parquet nor .csv")
+
+
+def _read_trial_dirs(trials: Iterable[Path]) -> pd.DataFrame:
+    frames = []
+    for t in trials:
+        cfg = json.loads((t / "config.json").read_text())
+        df = pd.read_parquet(t / "metrics.parquet")
+        for k, v in cfg.items():
+            if k not in df.columns and isinstance(v, (int, float, str, bool)):
+                df[k] = v
+        df["trial_id"] = t.name
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def curves_from_table(df: pd.DataFrame, metric: str = "eval_return", source: str = "") -> CurveSet:
+    """Group a tidy table into per-configuration curves of `metric`."""
+    missing = [c for c in ("env_steps", "utd", "param_count") if c not in df.columns]
+    if metric not in df.columns:
+        metrics = [c for c in df.columns if c not in BOOKKEEPING and c not in CORE_FIELDS
+                   and pd.api.types.is_float_dtype(df[c])]
+        raise ValueError(f"metric: {metric!r} is not a column; numeric columns are {metrics}")
+    if missing:
+        raise ValueError(f"results: table lacks column(s) {missing}; the sweep table has env_steps, utd, param_count")
+    df = df[np.isfinite(pd.to_numeric(df[metric], errors="coerce"))].copy()
+    if df.empty:
+        raise ValueError(f"metric: {metric!r} has no finite values")
+    notes = []
+    if "seed" not in df.columns:
+        df["seed"] = 0
+    if "env" not in df.columns:
+        df["env"] = "task"
+    for c in ("batch_size", "lr"):
+        if c not in df.columns:
+            df[c] = np.nan
+            notes.append(f"no `{c}` column: its optimum is not fitted")
+    task = df["env"].astype(str)
+    if "agent" in df.columns and df["agent"].nunique() > 1:
+        task = df["agent"].astype(str) + "/" + task
+    df["_task"] = task
+    base = ["_task", "utd", "param_count", "batch_size", "lr"]
+    extra = _extra_config_columns(df, metric, base)
+    keys = base + extra
+    gkeys = [df[k].astype(str) if k in extra else df[k].fillna(-1.0) for k in keys]
+    curves = []
+    for _, g in df.groupby(gkeys, sort=True, dropna=False):
+        row = g.iloc[0]
+        steps, Y, dropped = _align_seeds(g, metric)
+        ex = tuple((k, _py(row[k])) for k in extra if k not in ("width", "depth") or g[k].notna().all())
+        c = Curve(task=str(row["_task"]), utd=float(row["utd"]), param_count=float(row["param_count"]),
+                  batch_size=float(row["batch_size"]), lr=float(row["lr"]), steps=steps, returns=Y, extra=ex)
+        if dropped:
+            notes.append(f"{c.label}: dropped seed(s) {dropped} that logged under half the steps of the others")
+        curves.append(c)
+    return CurveSet(curves, metric, notes, source)
+
+
+def _py(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def _extra_config_columns(df: pd.DataFrame, metric: str, base: list[str]) -> list[str]:
+    """Further config fields: columns constant within each trial (by `trial_id` when present). Without
+    trial ids only non-float columns can be told apart from per-run scalars, so only those count."""
+    cand = [c for c in df.columns if c not in BOOKKEEPING and c not in base and c != metric and c not in
+            ("env", "agent", "_task") and "/" not in c]
+    cand = [c for c in cand if df[c].map(lambda v: isinstance(v, (int, float, str, bool, np.generic))
+                                         or v is None).all()]
+    if not cand:
+        return []
+    if "trial_id" in df.columns:
+        const = df.groupby("trial_id")[cand].nunique(dropna=False).max() <= 1
+        cols = [c for c in cand if const[c]]
+    else:
+        cols = [c for c in cand if not pd.api.types.is_float_dtype(df[c])]
+        const = df.groupby(base + ["seed"], dropna=False)[cols].nunique(dropna=False).max() <= 1 if cols else {}
+        cols = [c for c in cols if const[c]]
+    # Metrics logged as constants (e.g. all-NaN columns) carry no configuration information.
+    return [c for c in cols if df[c].nunique(dropna=True) > 1]
+
+
+def _align_seeds(g: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray, list]:
+    """Put every seed on one step grid: drop seeds that stopped before half the longest one, keep the
+    steps all remaining seeds span, interpolate linearly where their log points differ."""
+    per_seed = {}
+    for s, gs in g.groupby("seed"):
+        gs = gs.groupby("env_steps")[metric].mean().sort_index()
+        per_seed[s] = (gs.index.to_numpy(float), gs.to_numpy(float))
+    longest = max(v[0][-1] for v in per_seed.values())
+    dropped = [_py(s) for s, v in per_seed.items() if v[0][-1] < 0.5 * longest]
+    keep = [v for s, v in per_seed.items() if v[0][-1] >= 0.5 * longest]
+    t0, t1 = max(v[0][0] for v in keep), min(v[0][-1] for v in keep)
+    grid = np.unique(np.concatenate([v[0] for v in keep]))
+    grid = grid[(grid >= t0) & (grid <= t1)]
+    Y = np.stack([np.interp(grid, t, y) for t, y in keep], axis=1)
+    return grid, Y, dropped
+
+
+# ---- published .npy layout ----------------------------------------------------------------------
+
+_MODEL_DIR = re.compile(r"^w(?P<width>[0-9.e+-]+)p(?P<params>[0-9.e+-]+)$")
+_FILE = re.compile(r"^bs_(?P<bs>[^_]+)_lr_(?P<lr>[^_]+)(?P<rest>(_.+)?)$")
+
+
+def _number(s: str) -> float | None:
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def parse_curve_name(stem: str) -> dict[str, Any]:
+    """`bs_256_lr_3e-4_tau_0.005_n_step_3` -> {batch_size: 256, lr: 3e-4, tau: 0.005, n_step: 3}.
+    A key is the run of non-numeric tokens before a numeric one; a trailing key without a number keeps
+    its own text as value."""
+    m = _FILE.match(stem)
+    if not m or _number(m["bs"]) is None or _number(m["lr"]) is None:
+        raise ValueError(f"curve file: {stem!r} is not bs_<B>_lr_<η>[_<key>_<value>...]")
+    out: dict[str, Any] = {"batch_size": float(m["bs"]), "lr": float(m["lr"])}
+    key: list[str] = []
+    for tok in [t for t in m["rest"].split("_") if t]:
+        v = _number(tok)
+        if v is None:
+            key.append(tok)
+        elif key:
+            out["_".join(key)] = v
+            key = []
+        else:
+            raise ValueError(f"curve file: {stem!r} has a value {tok!r} without a key")
+    if key:
+        out["_".join(key[:-1]) or key[0]] = key[-1] if len(key) > 1 else True
+    return out
+
+
+def load_npy_dir(root: str | Path, metric: str) -> CurveSet:
+    """Read `<root>/[w<width>p<N>/]utd_<σ>/<task>/<metric>/bs_<B>_lr_<η>[...].npy`."""
+    root = Path(root)
+    curves, metrics_seen, notes = [], set(), []
+    for f in sorted(root.rglob("*.npy")):
+        parts = f.relative_to(root).parts
+        i = next((j for j, p in enumerate(parts) if p.startswith("utd_")), None)
+        if i is None or len(parts) < i + 4:
+            continue
+        metrics_seen.add(parts[-2])
+        if parts[-2] != metric:
+            continue
+        width = n = math.nan
+        if i == 1 and (m := _MODEL_DIR.match(parts[0])):
+            width, n = float(m["width"]), float(m["params"])
+        sigma = _number(parts[i][4:])
+        if sigma is None:
+            raise ValueError(f"curve layout: {parts[i]!r} is not utd_<number>")
+        fields = parse_curve_name(f.stem)
+        arr = np.load(f, allow_pickle=False)
+        if arr.ndim != 2 or arr.shape[1] < 2:
+            raise ValueError(f"curve file: {f} must be 2-D (log points × [env step, seed...]), got {arr.shape}")
+        arr = arr[np.argsort(arr[:, 0])]
+        keep = np.all(np.isfinite(arr), axis=1)
+        extra = tuple(sorted((k, v) for k, v in fields.items() if k not in ("batch_size", "lr")))
+        if math.isfinite(width):
+            extra = (("width", width),) + extra
+        curves.append(Curve(task="/".join(parts[i + 1:-2]), utd=sigma, param_count=n,
+                            batch_size=fields["batch_size"], lr=fields["lr"], steps=arr[keep, 0],
+                            returns=arr[keep, 1:], extra=extra))
+    if not curves:
+        raise ValueError(f"metric: no {metric!r} curves under {root}; metrics found: {sorted(metrics_seen)}")
+    if all(math.isnan(c.param_count) for c in curves):
+        notes.append("no w<width>p<param_count>/ level: one model size, compute-optimal N is not fitted")
+    return CurveSet(curves, metric, notes, str(root))
+
+
+def write_npy_dir(cs: CurveSet, root: str | Path) -> None:
+    """Write curves in the published layout (used by tests and to share a study)."""
+    root = Path(root)
+    for c in cs.curves:
+        ex = dict(c.extra)
+        width = ex.pop("width", None)
+        base = root / (f"w{width:g}p{c.param_count:.0f}" if width is not None and math.isfinite(c.param_count) else "")
+        name = f"bs_{c.batch_size:g}_lr_{c.lr:g}" + "".join(f"_{k}_{v:g}" for k, v in ex.items())
+        path = base / f"utd_{c.utd:g}" / c.task / cs.metric / f"{name}.npy"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(path, np.column_stack([c.steps, c.returns]))
