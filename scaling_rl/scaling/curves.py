@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - private API moved
     _pava = None
 
 GROUP_KEYS = ("task", "utd", "param_count")
+COARSE_LOG_POINTS = 10
 
 
 def isotonic_rows(Y: np.ndarray) -> np.ndarray:
@@ -92,6 +93,7 @@ class DataEfficiency:
     notes: list[str]
     g_left: np.ndarray                    # (G, nJ) best D_J is the first log point (an upper bound)
     g_boot_left: np.ndarray               # (K, G, nJ) same per bootstrap sample
+    g_resolution: np.ndarray              # (G, nJ) log points of the best configuration before D_J
 
     def fit_data(self, j: int, mask: np.ndarray | None = None):
         """Indices, point D_J (G',) and bootstrap D_J (K, G') of the (task, σ, N) points usable in a fit
@@ -152,6 +154,7 @@ class DataEfficiency:
                     "D_hi": float("nan") if single[g] else float(g_hi[g, j]),
                     "censored": bool(not np.isfinite(D)),
                     "left_censored": bool(self.g_left[g, j]),
+                    "log_points_before": int(self.g_resolution[g, j]),
                     "censored_boot_frac": float(np.mean(~np.isfinite(self.g_boot[:, g, j]))),
                     "last_step": float(cfg["last_step"].to_numpy()[members].max()),
                     "best_config": int(best),
@@ -284,7 +287,19 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
     first = cfg["first_step"].to_numpy()
     g_left = (g_best >= 0) & (g_point <= first[np.maximum(g_best, 0)])
     g_boot_left = (g_boot_best >= 0) & (g_boot <= first[np.maximum(g_boot_best, 0)])
+    # Log points before the crossing (best configuration): a crossing in the first few log intervals is
+    # coarsely interpolated, an error the seed bootstrap does not see.
+    g_resolution = np.zeros((G, nJ), int)
+    for g in range(G):
+        for j in range(nJ):
+            if g_best[g, j] >= 0:
+                g_resolution[g, j] = int(np.searchsorted(cs.curves[g_best[g, j]].steps, g_point[g, j]))
     notes = list(cs.notes)
+    coarse = int(np.sum((g_best >= 0) & (g_resolution < COARSE_LOG_POINTS) & ~g_left))
+    if coarse:
+        notes.append(f"{coarse} (task, σ, N, J) point(s) reach J within their first {COARSE_LOG_POINTS} log points: "
+                     "D_J there is interpolated coarsely and the intervals do not include that error; log more "
+                     "often early in training (e.g. log-spaced) to remove it")
     if g_left.any():
         notes.append(f"{int(g_left.sum())} (task, σ, N, J) point(s) are above J at the first log point: D_J is "
                      "only an upper bound there (left-censored), listed, left out of the fits")
@@ -297,4 +312,4 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
     notes.append(f"D_J is interpolated ({'in log env-steps' if interpolation == 'log' else 'linearly'}) between "
                  "the two log points around the crossing of the isotonic seed-mean curve")
     return DataEfficiency(thr, norm, cfg, point, boot, groups, g_point, g_best, g_boot, g_boot_best,
-                          iso, means, notes, g_left, g_boot_left)
+                          iso, means, notes, g_left, g_boot_left, g_resolution)

@@ -79,7 +79,9 @@ def _param_table(recs: list[dict], keys: list[str], head: list[str]) -> list[str
         if "skipped" in r:
             lines.append("| " + " | ".join(cells + [f"skipped: {r['skipped']}"] + [""] * (len(params) + 1)) + " |")
             continue
-        cells += [_ci(r["params"][p]) for p in params] + [_g(r["r2_log"], 4), str(r["n_points"])]
+        bound = set(r.get("at_bound") or [])
+        cells += [_ci(r["params"][p]) + (" †" if any(b == p or b.startswith(p + "[") for b in bound) else "")
+                  for p in params] + [_g(r["r2_log"], 4), str(r["n_points"])]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -103,6 +105,10 @@ def render_report(fit: dict, figures: list[str] | None = None) -> str:
         L.append(f"- {t}: J = {', '.join(_g(v) for v in thr)} "
                  f"({'normalised: 0 = ' + _g(lo) + ', 1 = ' + _g(hi) if st['normalize'] == 'task' else 'raw metric'})")
     pts = fit["points"]
+    left = [p for p in pts if p.get("left_censored")]
+    if left:
+        L += ["", f"{len(left)} point(s) are already above J at the first log point (D_J is an upper bound; "
+              "left out of the fits)."]
     cens = [p for p in pts if p["censored"]]
     L += ["", f"{len(pts)} (task, σ, N, J) points, {len(cens)} censored (never reach J with any configuration; "
           "kept here, left out of the fits).", ""]
@@ -136,10 +142,12 @@ def render_report(fit: dict, figures: list[str] | None = None) -> str:
             continue
         L += [f"**B*(σ, N) = a / (σ^α·(1 + (b/N)^c))** for {t}: R² (log) = {_g(r['r2_log'], 4)}", "",
               "| parameter | estimate [interval] |", "|---|---|"]
-        L += [f"| {k} | {_ci(v)} |" for k, v in r["params"].items()] + [""]
+        L += [f"| {k} | {_ci(v)}{' †' if k in (r.get('at_bound') or []) else ''} |"
+              for k, v in r["params"].items()] + [""]
     L.append("")
 
-    L += ["## Data efficiency D_J(σ) per model size", "", "D_J(σ) = D_min + (β/σ)^α", ""]
+    L += ["## Data efficiency D_J(σ) per model size", "", "D_J(σ) = D_min + (β/σ)^α "
+          "(† = estimate on the optimiser's bound: that parameter is not identified by these points)", ""]
     L += _param_table(fit["data_efficiency_sigma"], ["task", "param_count", "threshold"], ["task", "N", "J"]) + [""]
     if fit["data_efficiency_sigma_n"]:
         L += ["## Data efficiency D_J(σ, N)", "", "D_J(σ, N) = D_min·(1 + (a/σ)^α + (b/N)^β)", ""]

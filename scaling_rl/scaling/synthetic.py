@@ -28,7 +28,7 @@ class Truth:
     b0: float = 1e5
     beta: float = 0.8
     growth_a: float = 3.0      # a(J) = a0·exp(growth_a·J): harder targets need more σ ...
-    growth_b: float = 1.0      # b(J) = b0·exp(growth_b·J): ... and larger models
+    growth_b: float = 3.0      # b(J) = b0·exp(growth_b·J): ... and larger models
     B0: float = 512.0
     s_B: float = 0.4
     lr0: float = 3e-4
@@ -76,12 +76,12 @@ def make_study(truth: Truth = Truth(), *, utds: Sequence[float] = (0.5, 1, 2, 4,
                metric: str = "eval_return", return_scale: float = 1.0, log_spaced: bool = False,
                rng: np.random.Generator | int = 0) -> CurveSet:
     """A full factorial study; every curve is logged at n_log evenly spaced env steps (log-spaced over
-    three decades if `log_spaced`) up to the step where the slowest (σ, N) reaches `reach`, times 1.25."""
+    four decades if `log_spaced`) up to the step where the slowest (σ, N) reaches `reach`, times 1.25."""
     rng = np.random.default_rng(rng)
     t_max = 1.25 * max(truth.D(reach, s, n, ti) * truth.slowdown(s, b, lr)
                        for s, n, b, lr, ti in itertools.product(utds, param_counts, batch_sizes, lrs,
                                                                 range(len(tasks))))
-    steps = np.geomspace(t_max / 1e3, t_max, n_log) if log_spaced else np.linspace(t_max / n_log, t_max, n_log)
+    steps = np.geomspace(t_max / 1e4, t_max, n_log) if log_spaced else np.linspace(t_max / n_log, t_max, n_log)
     curves = []
     for ti, task in enumerate(tasks):
         for s, n, b, lr in itertools.product(utds, param_counts, batch_sizes, lrs):
