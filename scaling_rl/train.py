@@ -25,7 +25,6 @@ import importlib
 import json
 import math
 import os
-import pkgutil
 import platform
 import sys
 import time
@@ -62,24 +61,30 @@ class ConfigError(ValueError):
 
 
 def known_agents() -> list[str]:
-    """Names of the agent modules in `scaling_rl.agents`."""
-    import scaling_rl.agents as pkg
+    """Names of the registered agents (`scaling_rl.agents.AGENTS`)."""
+    from scaling_rl import agents
 
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    return sorted(agents.AGENTS)
 
 
 def agent_module(name: str) -> types.ModuleType:
-    """`scaling_rl.agents.<name>`, or any importable module path containing a dot."""
-    module_name = name if "." in name else f"scaling_rl.agents.{name}"
-    try:
-        mod = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and module_name.startswith(e.name):
-            raise ConfigError(f"agent: unknown agent {name!r}; known: {', '.join(known_agents())}") from None
-        raise
+    """The registered agent `name`, or any importable module path containing a dot."""
+    from scaling_rl import agents
+
+    if name in agents.AGENTS:
+        mod = importlib.import_module(agents.AGENTS[name])
+    elif "." in name:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name and name.startswith(e.name):
+                raise ConfigError(f"agent: no module {name!r}; known agents: {', '.join(known_agents())}") from None
+            raise
+    else:
+        raise ConfigError(f"agent: unknown agent {name!r}; known agents: {', '.join(known_agents())}")
     for attr in ("Config", "make"):
         if not hasattr(mod, attr):
-            raise ConfigError(f"agent: module {module_name} has no {attr}; not an agent")
+            raise ConfigError(f"agent: module {mod.__name__} has no {attr}; not an agent")
     return mod
 
 

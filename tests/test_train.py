@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 import types
@@ -309,3 +310,54 @@ def test_cli_trains_and_resumes(tmp_path, capsys):
     assert cli.main(argv) == 0  # complete: returns at once
     assert cli.main([a if a != "0.1" else "0.2" for a in argv]) == 2  # a different config
     assert "different run" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- real agents
+def _tiny_dqn(**kw):
+    from scaling_rl.agents import dqn
+
+    base = dict(env="gymnax/CartPole-v1", width=16, depth=1, num_envs=4, learning_starts=64,
+                chunk_env_steps=128, env_steps=64 + 3 * 128, batch_size=32, utd=0.25,
+                buffer_size=1024, val_buffer_size=256, eval_episodes=2)
+    return dqn.Config(**{**base, **kw})
+
+
+def test_real_agent_table_and_bitwise_resume(tmp_path):
+    cfg = _tiny_dqn()
+    full = train.run("dqn", cfg, tmp_path / "full", seeds=2, progress=False)
+    assert len(full) == 2 * 3 and sorted(full.seed.unique()) == [0, 1]
+    for s in range(2):
+        per_seed = full[full.seed == s]
+        assert per_seed.env_steps.tolist() == [64 + 128 * (c + 1) for c in range(3)]
+        assert per_seed.grad_steps.tolist() == [32 * (c + 1) for c in range(3)]
+    for col in ("episode_return", "eval_return", "loss/critic", "td_error/train", "td_error/val",
+                "param_norm"):
+        assert col in full, sorted(full.columns)
+    assert np.isfinite(full["loss/critic"]).all() and full["eval_return"].notna().all()
+    assert (tmp_path / "full" / "curve.png").stat().st_size > 10_000
+
+    # The directory as a kill right after checkpoint 2 leaves it (the toy tests kill for real):
+    # drop checkpoint 3 and the done status, keep the newer metrics file; then rerun.
+    final_state = train.load_state(tmp_path / "full")[0]
+    shutil.rmtree(tmp_path / "full" / "checkpoints" / "3")
+    (tmp_path / "full" / "status.json").write_text('{"status": "running"}')
+    resumed_chunks = []
+    resumed = train.run("dqn", cfg, tmp_path / "full", seeds=2, progress=False,
+                        on_chunk=lambda c, df: resumed_chunks.append(c))
+    assert resumed_chunks == [2]
+    pd.testing.assert_frame_equal(_data_columns(resumed), _data_columns(full), check_exact=True)
+    _leaves_equal(train.load_state(tmp_path / "full")[0], final_state)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-size", "512", "--set", "buffer_size=256"], "batch_size"),
+    (["--utd", "-1"], "utd"),
+    (["--env", "gymnax/Nope-v0"], "env: unknown"),
+    (["--set", "n_step=zero"], "n_step"),
+])
+def test_cli_real_agent_bad_input(tmp_path, capsys, argv, message):
+    out = tmp_path / "run"
+    code = cli.main(["train", "--agent", "sac", "--out", str(out), "--no-progress"] + argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and "\n" not in err, err
+    assert not out.exists()
