@@ -131,6 +131,32 @@ def test_tidy_table_round_trip_with_trial_ids_and_extra_fields():
         assert dict(c.extra) == {"tau": 0.005 if c.utd == 1.0 else 0.01}
 
 
+def test_reads_the_sweep_collect_layout():
+    """scaling_rl.sweep.collect: one trial per (config, trial_seed) packing several seeds, seed =
+    trial_seed * seeds + seed_index, status/agent/chunk/grad_steps columns, cfg_-prefixed clashes,
+    other metrics (NaN where not logged)."""
+    cs = synthetic.make_study(synthetic.Truth(), utds=[1.0, 2.0], param_counts=[1e5, 4e5], batch_sizes=[256.0],
+                              lrs=[3e-4], seeds=4, n_log=20, rng=0)
+    frames = []
+    for i, c in enumerate(cs.curves):
+        for trial_seed in (0, 1):  # two trials of the same config, 2 seeds each
+            for k in range(2):
+                sd = trial_seed * 2 + k
+                frames.append(pd.DataFrame({
+                    "trial_id": f"cfg{i}-s{trial_seed}", "agent": "sac", "status": "done", "param_count": c.param_count,
+                    "seed": sd, "seed_index": k, "trial_seed": trial_seed, "seeds": 2,
+                    "chunk": np.arange(len(c.steps)), "env_steps": c.steps, "grad_steps": c.steps * c.utd,
+                    "eval_return": c.returns[:, sd], "episode_return": np.nan, "loss/critic": 1.0,
+                    "utd": c.utd, "batch_size": c.batch_size, "lr": c.lr, "width": 256 if c.param_count == 1e5 else 512,
+                    "depth": 2, "env": "gymnax/Pendulum-v1", "cfg_env_steps": 5e5, "cfg_seed": trial_seed}))
+    back = data.curves_from_table(pd.concat(frames, ignore_index=True), "eval_return")
+    assert len(back.curves) == 4 and all(c.n_seeds == 4 for c in back.curves)
+    for c in back.curves:
+        orig = next(o for o in cs.curves if o.utd == c.utd and o.param_count == c.param_count)
+        np.testing.assert_allclose(c.returns, orig.returns)
+        assert dict(c.extra) == {"width": 256 if c.param_count == 1e5 else 512}
+
+
 def test_tidy_table_aligns_seeds_and_drops_short_ones():
     rows = []
     for seed, steps in ((0, [10, 20, 30, 40]), (1, [15, 25, 35, 45]), (2, [10, 20])):

@@ -228,6 +228,9 @@ def _hparams(de: DataEfficiency, table, st: Settings, infl: float, notes: list) 
         if ok.sum() < 3 or len(np.unique(g["utd"][ok])) < 2:
             res[law_name] = {"skipped": f"{field}: optimum known at fewer than 3 points or one σ"}
             continue
+        if np.ptp(np.log(point[ok])) < 1e-9:
+            res[law_name] = {"skipped": f"the same {field} ({point[ok][0]:.3g}) wins at every (σ, N): nothing to fit"}
+            continue
         x = {"utd": g["utd"].to_numpy(float)[ok]}
         fitted = fit_with_bootstrap(law, x, point[ok], samples[:, ok] if len(samples) > 1 else None, st, infl,
                                     groups=g["task"].to_numpy()[ok], shared=("s",))

@@ -21,9 +21,10 @@ import numpy as np
 import pandas as pd
 
 # Columns that describe a log point or a run, never a configuration.
-BOOKKEEPING = frozenset({"trial_id", "seed", "env_steps", "grad_steps", "chunk", "step", "time", "wall_time",
-                         "status", "trial_dir", "path", "timestamp"})
+BOOKKEEPING = frozenset({"trial_id", "seed", "seed_index", "trial_seed", "seeds", "env_steps", "grad_steps",
+                         "chunk", "step", "time", "wall_time", "status", "trial_dir", "path", "timestamp"})
 CORE_FIELDS = ("env", "agent", "utd", "batch_size", "lr", "param_count", "width", "depth")
+_TIMING = re.compile(r"(seconds|_s$|time|wall|fps|sps|throughput)")
 
 
 @dataclasses.dataclass
@@ -173,8 +174,11 @@ def _py(v):
 def _extra_config_columns(df: pd.DataFrame, metric: str, base: list[str]) -> list[str]:
     """Further config fields: columns constant within each trial (by `trial_id` when present). Without
     trial ids only non-float columns can be told apart from per-run scalars, so only those count."""
+    # Seed bookkeeping in any spelling (cfg_seed, trial_seed, ...) differs between replicas of one config.
+    # Timings (chunk_seconds, wall_s, fps, ...) are per-run measurements, not settings.
     cand = [c for c in df.columns if c not in BOOKKEEPING and c not in base and c != metric and c not in
-            ("env", "agent", "_task") and "/" not in c]
+            ("env", "agent", "_task") and "/" not in c and "seed" not in c.lower()
+            and not _TIMING.search(c.lower())]
     cand = [c for c in cand if df[c].map(lambda v: isinstance(v, (int, float, str, bool, np.generic))
                                          or v is None).all()]
     if not cand:
