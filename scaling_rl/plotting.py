@@ -27,6 +27,7 @@ def plot_learning_curve(df: pd.DataFrame, path: str | os.PathLike, *, title: str
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     loss_cols = [c for c in df.columns if c.startswith("loss/")]
     ncols = 2 if loss_cols else 1
@@ -55,7 +56,7 @@ def plot_learning_curve(df: pd.DataFrame, path: str | os.PathLike, *, title: str
     ax.grid(alpha=0.3)
     if plotted:
         ax.legend(loc="best", fontsize=8)
-    ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 2k, 10k, 1M
 
     if loss_cols:
         ax = axes[0, 1]
@@ -73,7 +74,7 @@ def plot_learning_curve(df: pd.DataFrame, path: str | os.PathLike, *, title: str
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best", fontsize=8)
-        ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 2k, 10k, 1M
 
     if title:
         fig.suptitle(title, fontsize=10)

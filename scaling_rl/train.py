@@ -494,6 +494,10 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
                     # the state to host and writes in the background while the next chunk runs.
                     ckpt.save(chunk + 1, state, {"chunk": chunk + 1, "rows": rows, "wall_time": wall,
                                                  "num_chunks": num_chunks})
+                if not last:
+                    io.atomic_write_json(status_path, {"status": "running", "chunk": chunk + 1,
+                                                       "num_chunks": num_chunks,
+                                                       "env_steps": new_rows[0]["env_steps"]})
                 bar.update(chunk + 1, steps=new_rows[0]["env_steps"],
                            ret=_nanmean([r.get("episode_return", math.nan) for r in new_rows]),
                            eval=_nanmean([r.get("eval_return", math.nan) for r in new_rows]),
