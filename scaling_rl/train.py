@@ -318,7 +318,9 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
             raise ConfigError(_one_line(e)) from None
     elif not isinstance(cfg, mod.Config):
         raise ConfigError(f"cfg: expected {agent_name}.Config or a dict, got {type(cfg).__name__}")
-    if not isinstance(seeds, int) or seeds < 1:
+    seeds = int(seeds) if isinstance(seeds, np.integer) else seeds
+    seed = int(seed) if isinstance(seed, np.integer) else seed
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise ConfigError(f"seeds: must be an integer >= 1, got {seeds!r}")
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed: must be an integer >= 0, got {seed!r}")
