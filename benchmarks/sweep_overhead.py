@@ -6,9 +6,9 @@ packed (one vmapped program) vs one-by-one trials.
 Every sweep runs through the real CLI in a fresh process (`scaling-rl sweep run`), so process
 start, JAX import, claims and status writes are all counted. Lines printed:
 
-    per_trial_overhead_s=<engine time per trial outside the trial function (toy trials)>
+    fixed_overhead_s=<CLI start + worker spawn>  per_trial_overhead_s=<slope over toy trials>
     real_trial_overhead_s=<wall_s - run_s of a real trial: claim, status, param count>
-    cold_compile_s=... warm_compile_s=...   (train.run's compile_s: init + lower + compile)
+    cold_compile_s=... warm_compile_s=...   (train.run's startup_s: init + lower + compile)
     cold_trial_s=...   warm_trial_s=...     (the whole trial, fresh process each)
     one_by_one_s=...   packed_s=...         (K trials differing only in seed)
     packed_speedup=<one_by_one_s / packed_s>
@@ -52,6 +52,15 @@ def statuses(out: Path) -> list[dict]:
     return rows
 
 
+def startup_s(status: dict) -> float:
+    """train.run's time from start to a compiled first chunk (init + trace + lower + compile)."""
+    summary = status["train"]["summary"]
+    for key in ("startup_s", "compile_s"):
+        if key in summary:
+            return float(summary[key])
+    raise KeyError(f"no startup time in train.run's summary: {sorted(summary)}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agent", default="dqn")
@@ -64,16 +73,22 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="sweep_bench_"))
     try:
-        # 1. engine overhead: toy trials that do no work
-        out = tmp / "toy"
-        wall = sweep(tmp, "toy", {"agent": "toy", "out_dir": str(out), "compile_cache": False,
-                                  "grid": {"width": list(range(1, args.toy_trials + 1))},
-                                  "base": {"chunk_seconds": 0.0}})
-        st = statuses(out)
-        inside = sum(s["run_s"] for s in st)
-        print(f"toy_sweep_s={wall:.2f} trials={len(st)} (process start + {len(st)} trials)")
-        print(f"per_trial_overhead_s={(wall - inside) / len(st):.3f}")
-        print(f"per_trial_status_overhead_s={sum(s['wall_s'] - s['run_s'] for s in st) / len(st):.4f}")
+        # 1. engine overhead: toy trials that do no work; the slope between a small and a big
+        # sweep is the per-trial cost, the intercept the fixed cost (process start, pool spawn)
+        walls = {}
+        for n in (2, args.toy_trials):
+            out = tmp / f"toy{n}"
+            walls[n] = sweep(tmp, f"toy{n}", {"agent": "toy", "out_dir": str(out), "compile_cache": False,
+                                             "grid": {"width": list(range(1, n + 1))},
+                                             "base": {"chunk_seconds": 0.0}})
+        st = statuses(tmp / f"toy{args.toy_trials}")
+        per_trial = (walls[args.toy_trials] - walls[2]) / (args.toy_trials - 2)
+        print(f"toy_sweep_s: 2 trials {walls[2]:.2f}, {args.toy_trials} trials {walls[args.toy_trials]:.2f}",
+              flush=True)
+        print(f"fixed_overhead_s={walls[2] - 2 * per_trial:.2f}")
+        print(f"per_trial_overhead_s={per_trial:.3f}")
+        print(f"per_trial_claim_status_s={sum(s['wall_s'] - s['run_s'] for s in st) / len(st):.4f}",
+              flush=True)
 
         base = {"env": args.env, "width": args.width, "depth": 1, "batch_size": 64,
                 "learning_starts": 200, "chunk_env_steps": 500, "eval_episodes": 2,
@@ -87,11 +102,11 @@ def main(argv=None) -> None:
         sweep(tmp, "warm", {**real, "out_dir": str(tmp / "warm"), "compile_cache": str(cache),
                             "grid": {"seed": [1]}})
         cold, warm = statuses(tmp / "cold")[0], statuses(tmp / "warm")[0]
-        cc, wc = cold["train"]["summary"]["compile_s"], warm["train"]["summary"]["compile_s"]
+        cc, wc = startup_s(cold), startup_s(warm)
         print(f"real_trial_overhead_s={cold['wall_s'] - cold['run_s']:.3f}")
-        print(f"cold_compile_s={cc:.2f} warm_compile_s={wc:.2f}")
+        print(f"cold_compile_s={cc:.2f} warm_compile_s={wc:.2f}", flush=True)
         print(f"cold_trial_s={cold['wall_s']:.2f} warm_trial_s={warm['wall_s']:.2f} "
-              f"trial_speedup={cold['wall_s'] / warm['wall_s']:.2f}")
+              f"trial_speedup={cold['wall_s'] / warm['wall_s']:.2f}", flush=True)
 
         # 3. packed vs one-by-one: K trials differing only in seed (each with its own cold cache)
         seeds = list(range(args.trials))
@@ -99,6 +114,11 @@ def main(argv=None) -> None:
                                    "compile_cache": str(tmp / "cache_one")})
         t_pack = sweep(tmp, "pack", {**real, "out_dir": str(tmp / "pack"), "grid": {"seed": seeds},
                                      "pack_seeds": True, "compile_cache": str(tmp / "cache_pack")})
+        one = sorted(statuses(tmp / "one"), key=lambda s: s["started"])
+        if len(one) > 1:  # later trials of one worker: warm cache and a warm process
+            later = sum(startup_s(s) for s in one[1:]) / (len(one) - 1)
+            print(f"in_worker_cold_startup_s={startup_s(one[0]):.2f} in_worker_warm_startup_s={later:.2f} "
+                  f"in_worker_warm_start_speedup={startup_s(one[0]) / later:.2f}")
         print(f"one_by_one_s={t_one:.2f} packed_s={t_pack:.2f} trials={args.trials}")
         print(f"packed_speedup={t_one / t_pack:.2f}")
         print(f"warm_start_speedup={cc / wc:.2f}")

@@ -50,6 +50,7 @@ def run_sweep(spec: Spec, *, backend: str | None = None, workers: int | None = N
     from scaling_rl.sweep.runner import RunOptions
 
     backend = backend or spec.backend.get("name", "local")
+    asked_workers = workers
     workers = spec.backend.get("workers", 1) if workers is None else workers
     frac = spec.backend.get("gpu_mem_fraction")
     if frac is None and backend == "local" and workers > 1:
@@ -62,7 +63,8 @@ def run_sweep(spec: Spec, *, backend: str | None = None, workers: int | None = N
     if backend == "local":
         backends.run_local(opts, workers, progress=progress)
     elif backend == "slurm":
-        backends.run_slurm(opts, spec.backend.get("slurm", {}), workers=workers or None,
+        # array parallelism: --workers when given, else slurm.array_parallelism, else all trials
+        backends.run_slurm(opts, spec.backend.get("slurm", {}), workers=asked_workers or None,
                            progress=progress, wait=wait)
     elif backend == "ray":
         ray_opts = dict(spec.backend.get("ray", {}))

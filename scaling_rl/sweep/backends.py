@@ -139,7 +139,7 @@ def run_slurm(opts: RunOptions, slurm: dict, *, workers: int | None = None, prog
                                slurm_max_num_timeout=int(slurm.get("max_num_timeout", 3)))
     params = dict(timeout_min=int(slurm.get("time_min", 60)),
                   cpus_per_task=int(slurm.get("cpus_per_task", 1)),
-                  slurm_array_parallelism=int(slurm.get("array_parallelism") or workers or len(tids)),
+                  slurm_array_parallelism=int(workers or slurm.get("array_parallelism") or len(tids)),
                   name=f"sweep-{Path(opts.root).name}")
     if slurm.get("partition"):
         params["slurm_partition"] = slurm["partition"]
