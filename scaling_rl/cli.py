@@ -19,9 +19,16 @@ class UsageError(Exception):
     """Bad user input: reported as one line, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (no usage dump) and exit code 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse hook
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scaling-rl", description=__doc__)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = _Parser(prog="scaling-rl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for mod_name, _ in _COMMANDS:
         try:
             mod = importlib.import_module(mod_name)
