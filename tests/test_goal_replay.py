@@ -58,8 +58,8 @@ def test_offsets_follow_truncated_geometric():
 
 def test_episode_last_index_by_binary_search():
     buf = _fill(16, 1, 16, lambda r: 5)               # episodes 0..3 of length 5, 4 (ongoing)
-    ends = [int(gr.episode_last_index(buf, jnp.int32(i), 0)) for i in range(16)]
-    assert ends == [4] * 5 + [9] * 5 + [14] * 5 + [15]
+    ends = jax.jit(jax.vmap(gr.episode_last_index, in_axes=(None, 0, None)))(buf, jnp.arange(16), 0)
+    assert ends.tolist() == [4] * 5 + [9] * 5 + [14] * 5 + [15]
 
 
 def test_truncated_geometric_support():

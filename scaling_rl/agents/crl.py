@@ -331,8 +331,13 @@ def _success(env, ts) -> jax.Array:
     return info["success"] if "success" in info else env.goal_spec.success(ts.next_obs)
 
 
-def make(cfg: Config, mesh=None) -> common.Agent:
-    """Build the CRL agent (contract in docs/architecture.md); `mesh`/`data_parallel` shards updates."""
+def make(cfg: Config, mesh=None, *, encoder_cls=None, actor_cls=None) -> common.Agent:
+    """Build the CRL agent (contract in docs/architecture.md); `mesh`/`data_parallel` shards updates.
+
+    `encoder_cls(backbone_config, repr_dim)` / `actor_cls(backbone_config, action_dim)` swap in other
+    linen modules with the same call signature (benchmarks/crl_throughput.py passes the unrolled
+    reference networks); default `Encoder` / `Actor`.
+    """
     if not isinstance(cfg, Config):
         raise ValueError(f"cfg: expected crl.Config, got {type(cfg).__name__}; use crl.Config(...)")
     if mesh is None and cfg.data_parallel:
@@ -352,9 +357,10 @@ def make(cfg: Config, mesh=None) -> common.Agent:
     warmup_vector_steps = cfg.learning_starts // cfg.num_envs
     target_entropy = -cfg.target_entropy_scale * a_dim
 
-    sa_net = Encoder(encoder_backbone(cfg), cfg.repr_dim)
-    g_net = Encoder(encoder_backbone(cfg), cfg.repr_dim)
-    actor_net = Actor(actor_backbone(cfg), a_dim)
+    encoder_cls, actor_cls = encoder_cls or Encoder, actor_cls or Actor
+    sa_net = encoder_cls(encoder_backbone(cfg), cfg.repr_dim)
+    g_net = encoder_cls(encoder_backbone(cfg), cfg.repr_dim)
+    actor_net = actor_cls(actor_backbone(cfg), a_dim)
     optimizer = optax.adam(cfg.lr)
     example_step = {"state": jnp.zeros((s_dim,)), "action": jnp.zeros((a_dim,)), "achieved": jnp.zeros((g_dim,))}
 
@@ -379,11 +385,10 @@ def make(cfg: Config, mesh=None) -> common.Agent:
         logits = energy_matrix(phi, psi, cfg.energy, cfg.cosine_temperature)
         critic_loss, stats = infonce_loss(logits, cfg.contrastive_loss, cfg.logsumexp_penalty)
         # actor: the critic is held fixed (its gradient comes from InfoNCE only)
-        critic = jax.lax.stop_gradient({"sa": params["sa"], "g": params["g"]})
+        # (ψ(g) is the critic's own forward pass, reused without its gradient)
         pi_a, logp = policy(params["actor"], jnp.concatenate([s, g], -1), batch["noise"])
-        phi_pi = sa_net.apply({"params": critic["sa"]}, jnp.concatenate([s, pi_a], -1))
-        psi_g = g_net.apply({"params": critic["g"]}, g)
-        q = energy_pairs(phi_pi, psi_g, cfg.energy, cfg.cosine_temperature)
+        phi_pi = sa_net.apply({"params": jax.lax.stop_gradient(params["sa"])}, jnp.concatenate([s, pi_a], -1))
+        q = energy_pairs(phi_pi, jax.lax.stop_gradient(psi), cfg.energy, cfg.cosine_temperature)
         alpha = jnp.exp(jax.lax.stop_gradient(params["log_alpha"]))
         actor_loss = jnp.mean(alpha * logp - q)
         alpha_loss = -jnp.mean(params["log_alpha"] * jax.lax.stop_gradient(logp + target_entropy))
@@ -394,8 +399,10 @@ def make(cfg: Config, mesh=None) -> common.Agent:
     value_and_grad = parallel.data_parallel_value_and_grad(loss_fn, mesh)
 
     def update(learner: Learner, batch: dict, key: jax.Array) -> tuple[Learner, dict]:
-        """One gradient step on a relabelled batch {state, action, goal}."""
-        batch = {**batch, "noise": jax.random.normal(key, (batch["state"].shape[0], a_dim))}
+        """One gradient step on a relabelled batch {state, action, goal[, noise]} (noise: the actor's
+        reparameterisation noise, drawn from `key` unless given, so results do not depend on sharding)."""
+        if "noise" not in batch:
+            batch = {**batch, "noise": jax.random.normal(key, (batch["state"].shape[0], a_dim))}
         (_, aux), grads = value_and_grad(learner.params, batch, None)
         updates, opt_state = optimizer.update(grads, learner.opt_state, learner.params)
         return Learner(optax.apply_updates(learner.params, updates), opt_state), aux
@@ -516,6 +523,6 @@ def param_count(cfg: Config) -> int:
     return make(cfg).param_count
 
 
-def make_train(cfg: Config, mesh=None):
+def make_train(cfg: Config, mesh=None, **networks):
     """Pure `train(key) -> (state, metrics stacked over chunks)`, evaluating after every chunk."""
-    return common.make_train_from_agent(make(cfg, mesh))
+    return common.make_train_from_agent(make(cfg, mesh, **networks))
