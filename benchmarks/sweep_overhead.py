@@ -82,10 +82,12 @@ def main(argv=None) -> None:
                                              "grid": {"width": list(range(1, n + 1))},
                                              "base": {"chunk_seconds": 0.0}})
         st = statuses(tmp / f"toy{args.toy_trials}")
-        per_trial = (walls[args.toy_trials] - walls[2]) / (args.toy_trials - 2)
+        # engine time = sweep wall minus the time spent inside the trial function
+        engine = {n: walls[n] - sum(s["run_s"] for s in statuses(tmp / f"toy{n}")) for n in walls}
+        per_trial = (engine[args.toy_trials] - engine[2]) / (args.toy_trials - 2)
         print(f"toy_sweep_s: 2 trials {walls[2]:.2f}, {args.toy_trials} trials {walls[args.toy_trials]:.2f}",
               flush=True)
-        print(f"fixed_overhead_s={walls[2] - 2 * per_trial:.2f}")
+        print(f"fixed_overhead_s={engine[2] - 2 * per_trial:.2f}")
         print(f"per_trial_overhead_s={per_trial:.3f}")
         print(f"per_trial_claim_status_s={sum(s['wall_s'] - s['run_s'] for s in st) / len(st):.4f}",
               flush=True)

@@ -25,13 +25,15 @@ def _cmd_run(args) -> int:
         from rich.console import Console
         from rich.table import Table
         axes = sorted({k for t in spec.trials for k in t.axes})
-        table = Table(title=f"{spec.name}: {len(spec.trials)} trials × {spec.trials[0].seeds} seeds "
-                            f"-> {spec.out_dir}")
+        console = Console()
+        console.print(f"{spec.name}: {len(spec.trials)} trials × {spec.trials[0].seeds} seeds "
+                      f"({spec.agent}) -> {spec.out_dir}", soft_wrap=True)
+        table = Table()
         for col in ("trial", *axes):
             table.add_column(col)
         for t in spec.trials:
             table.add_row(t.id, *(str(t.axes.get(a, "")) for a in axes))
-        Console().print(table)
+        console.print(table)
         return 0
     summary = run_sweep(spec, backend=args.backend, workers=args.workers, progress=not args.no_progress,
                         retry_diverged=args.retry_diverged, ray_address=args.ray_address,
