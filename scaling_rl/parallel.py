@@ -67,6 +67,10 @@ def data_parallel_value_and_grad(loss_fn: Callable, mesh: Mesh | None, axis: str
         return value_and_grad
 
     def per_shard(params, batch, extra):
+        # `params` arrive invariant over `axis`; differentiating through that implicit broadcast
+        # would already psum the gradients (vma typing). Casting them to per-shard ("varying")
+        # values first makes each shard's gradient its own, so the one pmean below is the mean.
+        params = jax.tree.map(lambda p: jax.lax.pcast(p, axis, to="varying"), params)
         return jax.lax.pmean(value_and_grad(params, batch, extra), axis)
 
     return jax.shard_map(per_shard, mesh=mesh, in_specs=(P(), P(axis), P()), out_specs=P())

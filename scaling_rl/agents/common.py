@@ -113,7 +113,7 @@ def polyak_update(target: Any, online: Any, tau: float) -> Any:
 
 def global_norm(tree: Any) -> jax.Array:
     """L2 norm of all leaves of a pytree together (parameter norm: a plasticity proxy)."""
-    return optax.global_norm(tree)
+    return optax.tree.norm(tree)
 
 
 def linear_schedule(start: float, end: float, duration: float, step: jax.Array) -> jax.Array:

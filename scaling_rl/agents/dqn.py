@@ -37,10 +37,11 @@ class Config(common.BaseConfig):
     width: int = 64
     depth: int = 1
     batch_size: int = 128
-    lr: float = 1e-3
+    lr: float = 5e-4
     weight_decay: float = 0.0
     utd: float = 0.25
     num_envs: int = 4
+    n_step: int = 3
     learning_starts: int = 1_000
     buffer_size: int = 50_000
     tau: float = 0.01
