@@ -1,0 +1,150 @@
+"""`scaling-rl grpo` (train / resume a GRPO run) and `scaling-rl passk` (pass@k of a saved policy).
+
+    scaling-rl grpo --out runs/grpo steps=40 loss_type=dapo group_size=8
+    scaling-rl grpo --out runs/grpo --config grpo.yaml lr=3e-4       # file, then overrides
+    scaling-rl passk --model runs/grpo/base_model --n 256 --problems 64 --out base_passk.csv
+
+Heavy imports (torch, transformers) happen inside the commands, so `scaling-rl --help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _usage_error(msg: str):
+    from scaling_rl.cli import UsageError
+    return UsageError(msg)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """["a=1", "b=dapo"] -> {"a": 1, "b": "dapo"}; values are parsed as YAML scalars."""
+    import yaml
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _usage_error(f"override {item!r} is not KEY=VALUE (e.g. steps=40)")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value != "" else ""
+        except yaml.YAMLError:
+            raise _usage_error(f"override {item!r}: value is not a valid scalar") from None
+    return out
+
+
+def load_config_file(path: str) -> dict:
+    import yaml
+    p = Path(path)
+    if not p.is_file():
+        raise _usage_error(f"--config {path}: no such file")
+    try:
+        data = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise _usage_error(f"--config {path}: cannot parse ({type(e).__name__})") from None
+    if not isinstance(data, dict):
+        raise _usage_error(f"--config {path}: expected a mapping of config keys")
+    return data
+
+
+def cmd_grpo(args) -> int:
+    cfg = load_config_file(args.config) if args.config else {}
+    cfg.update(parse_overrides(args.overrides))
+    from scaling_rl.llm.trainer import GRPOConfig, run
+    try:
+        config = GRPOConfig.from_dict(cfg)
+    except (ValueError, TypeError) as e:
+        raise _usage_error(str(e).splitlines()[0]) from None
+    try:
+        df = run(config, args.out, progress=not args.quiet)
+    except ValueError as e:
+        if str(e).startswith("out_dir:"):
+            raise _usage_error(str(e)) from None
+        raise
+    rewards = df["reward"].dropna() if "reward" in df else []
+    acc = df["eval/accuracy"].dropna()
+    print(f"grpo: {len(rewards)} steps  reward {rewards.iloc[0] if len(rewards) else float('nan'):.3f}"
+          f" -> {rewards.iloc[-1] if len(rewards) else float('nan'):.3f}  eval accuracy "
+          f"{acc.iloc[0]:.3f} -> {acc.iloc[-1]:.3f}  run dir {args.out}")
+    return 0
+
+
+def _parse_ks(text: str, n: int) -> list[int]:
+    from scaling_rl.llm.passk import powers_of_two
+    if not text:
+        return powers_of_two(n)
+    try:
+        ks = sorted({int(k) for k in text.split(",")})
+    except ValueError:
+        raise _usage_error(f"--k {text!r}: expected comma-separated integers") from None
+    if ks[0] < 1 or ks[-1] > n:
+        raise _usage_error(f"--k: every k must be in [1, n={n}]")
+    return ks
+
+
+def cmd_passk(args) -> int:
+    out = Path(args.out)
+    if out.suffix not in (".csv", ".json", ".parquet"):
+        raise _usage_error(f"--out {args.out}: use a .csv, .json or .parquet file")
+    if not (Path(args.model) / "config.json").is_file():
+        raise _usage_error(f"--model {args.model}: not a saved policy directory (no config.json)")
+    if args.n < 1 or args.problems < 1:
+        raise _usage_error("--n and --problems must be >= 1")
+    ks = _parse_ks(args.k, args.n)
+    import pandas as pd
+    import torch
+
+    from scaling_rl import io as sio
+    from scaling_rl.llm.models import load_policy
+    from scaling_rl.llm.passk import pass_at_k_curve
+    from scaling_rl.llm.rollout import correct_counts
+    from scaling_rl.llm.tasks import make_task
+    try:
+        task = make_task(args.task, digits=args.digits, countdown_numbers=args.countdown_numbers)
+    except ValueError as e:
+        raise _usage_error(str(e)) from None
+    torch.set_num_threads(args.threads)
+    model, tok = load_policy(args.model)
+    problems = task.problems("test", args.problems, seed=args.seed)
+    counts = correct_counts(model, tok, task, problems, n=args.n,
+                            max_new_tokens=args.max_completion_length or task.max_answer_chars() + 1,
+                            temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    curve = pass_at_k_curve(counts, args.n, ks)
+    df = pd.DataFrame({"k": list(curve), "pass_at_k": list(curve.values())})
+    if out.suffix == ".csv":
+        sio.atomic_write_text(out, df.to_csv(index=False))
+    elif out.suffix == ".json":
+        sio.atomic_write_json(out, {"model": args.model, "n": args.n, "problems": len(problems),
+                                    "pass_at_k": {str(k): v for k, v in curve.items()}})
+    else:
+        sio.atomic_write_parquet(out, df)
+    for k, v in curve.items():
+        print(f"pass@{k:<4d} {v:.4f}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("grpo", help="train or resume a GRPO run on a transformers model",
+                              description=cmd_grpo.__doc__ or __doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="run directory (resumed when it exists)")
+    p.add_argument("--config", help="JSON or YAML file of GRPOConfig keys")
+    p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    p.set_defaults(func=cmd_grpo)
+
+    q = subparsers.add_parser("passk", help="unbiased pass@k of a saved policy on held-out problems")
+    q.add_argument("--model", required=True, help="saved policy directory (e.g. RUN/base_model)")
+    q.add_argument("--out", required=True, help="table to write (.csv, .json or .parquet)")
+    q.add_argument("--task", default="addition", help="addition | countdown")
+    q.add_argument("--digits", type=int, default=2)
+    q.add_argument("--countdown-numbers", type=int, default=3)
+    q.add_argument("--problems", type=int, default=64)
+    q.add_argument("--n", type=int, default=256, help="samples per problem (max k)")
+    q.add_argument("--k", default="", help="comma-separated k values (default: powers of two to n)")
+    q.add_argument("--temperature", type=float, default=1.0)
+    q.add_argument("--top-p", type=float, default=1.0)
+    q.add_argument("--max-completion-length", type=int, default=0)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--threads", type=int, default=1)
+    q.set_defaults(func=cmd_passk)

@@ -1,0 +1,560 @@
+"""GRPO on a `transformers` causal LM, with the objective in JAX (through `scaling_rl.bridge`).
+
+    df = run({"task": "addition", "steps": 40, "loss_type": "dapo"}, "runs/grpo")
+
+One run = optional SFT warm start -> `base_model/` (the reference policy and pass@k baseline) ->
+`steps` GRPO updates. Each step: pick prompts (optionally through GRESO selective rollouts and
+DAPO-style dynamic sampling), sample G completions each, score them, compute group advantages,
+then μ = `num_iterations` passes of `num_minibatches` optimizer steps on the clipped surrogate
+(+ β·k3 KL to the reference). The run directory holds `grpo_config.json` (not config.json,
+which a sweep engine owns when this runs as a trial), `metrics.parquet` (one row per step; row 0
+is the base policy), `base_model/` and `checkpoints/step_XXXXXX/`. Rerunning with the same
+directory resumes from the last checkpoint and gives the same numbers on CPU; raising `steps`
+extends a finished run, any other config change is refused.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pandas as pd
+import torch
+
+from scaling_rl import io as sio
+from scaling_rl.bridge import to_jax, to_torch, torch_op
+from scaling_rl.llm import objectives, rollout
+from scaling_rl.llm.greso import GresoConfig, SelectiveRollout
+from scaling_rl.llm.models import load_policy, save_policy
+from scaling_rl.llm.tasks import make_task
+
+EVAL_SEED = 1234  # the held-out evaluation problems do not depend on the run seed
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    # policy
+    model: str = "tiny"               # "tiny", "tiny:llama", or a local path / hub id
+    hidden_size: int = 64             # tiny models only
+    num_layers: int = 2
+    num_heads: int = 4
+    init_from: str = ""               # saved policy directory to start from (skips SFT)
+    # task
+    task: str = "addition"            # "addition" | "countdown"
+    digits: int = 2
+    countdown_numbers: int = 3
+    format_reward: float = 0.0
+    train_pool: int = 2048            # training problems (one epoch = one pass over them)
+    eval_problems: int = 200
+    eval_samples: int = 0             # > 0: also sampled pass@1 with this many samples/problem
+    # SFT warm start (before GRPO; gives the base model a non-zero pass@1)
+    sft_steps: int = 400
+    sft_batch_size: int = 64
+    sft_lr: float = 1e-2
+    sft_target_accuracy: float = 0.0  # stop SFT once greedy train accuracy reaches this (0: off)
+    # GRPO
+    steps: int = 40
+    prompts_per_step: int = 16
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_completion_length: int = 0    # 0: the task's longest answer + EOS
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    beta: float = 0.0                 # KL weight; 0 skips the reference model
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2         # > epsilon_low is DAPO's clip-higher
+    num_iterations: int = 1           # μ: updates per generation batch (old log-probs stored)
+    num_minibatches: int = 1
+    loss_type: str = "grpo"           # grpo | dr_grpo | dapo | bnpo
+    scale_rewards: str = "group"      # group | batch | none
+    # rollouts
+    dynamic_sampling: bool = False    # drop zero-variance groups and resample (DAPO)
+    max_sampling_rounds: int = 4
+    selective_rollouts: bool = False  # GRESO pre-rollout filter
+    greso_target: float = 0.25
+    greso_step: float = 0.01
+    # bookkeeping
+    eval_every: int = 10
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    seed: int = 0
+    torch_threads: int = 1            # tiny models run fastest single-threaded
+
+    def __post_init__(self):
+        def need(cond, key, what):
+            if not cond:
+                raise ValueError(f"{key}: {getattr(self, key)!r} {what}")
+        need(self.loss_type in objectives.LOSS_TYPES, "loss_type", f"is unknown; use one of {objectives.LOSS_TYPES}")
+        need(self.scale_rewards in objectives.SCALE_REWARDS, "scale_rewards",
+             f"is unknown; use one of {objectives.SCALE_REWARDS}")
+        need(self.task in ("addition", "countdown"), "task", "is unknown; use addition or countdown")
+        for key in ("steps", "sft_steps", "max_completion_length", "weight_decay", "beta", "eval_samples",
+                    "epsilon_low", "epsilon_high", "format_reward", "seed"):
+            need(getattr(self, key) >= 0, key, "is negative; use a value >= 0")
+        for key in ("prompts_per_step", "num_iterations", "num_minibatches", "train_pool",
+                    "eval_problems", "sft_batch_size", "eval_every", "checkpoint_every",
+                    "keep_checkpoints", "max_sampling_rounds", "torch_threads", "hidden_size",
+                    "num_layers", "num_heads"):
+            need(getattr(self, key) >= 1, key, "must be >= 1")
+        need(self.group_size >= 2, "group_size", "must be >= 2 (advantages compare within a group)")
+        need(self.temperature >= 0, "temperature", "is negative; use >= 0 (0 = greedy)")
+        need(0 < self.top_p <= 1, "top_p", "is outside (0, 1]")
+        need(self.lr > 0 and self.sft_lr > 0, "lr", "must be > 0 (lr and sft_lr)")
+        need(self.epsilon_low < 1, "epsilon_low", "must be < 1")
+        need(self.prompts_per_step * self.group_size % self.num_minibatches == 0, "num_minibatches",
+             "must divide prompts_per_step * group_size")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GRPOConfig":
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - set(fields))
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown GRPO config key; known keys: {', '.join(fields)}")
+        out = {}
+        for k, v in d.items():
+            typ = type(fields[k].default)
+            if typ is bool and not isinstance(v, bool):
+                raise ValueError(f"{k}: {v!r} is not a boolean; use true or false")
+            try:
+                out[k] = typ(v) if not isinstance(v, typ) else v
+            except (TypeError, ValueError):
+                raise ValueError(f"{k}: {v!r} is not a {typ.__name__}") from None
+            if typ is int and isinstance(v, float) and v != int(v):
+                raise ValueError(f"{k}: {v!r} is not an integer")
+        return cls(**out)
+
+
+# ---- SFT warm start ----------------------------------------------------------------------------
+
+def _completion_tensors(tokenizer, texts: list[str], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded token ids of `text + EOS` and their mask."""
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    out = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, row in enumerate(ids):
+        row = (row + [tokenizer.eos_token_id])[:width]
+        out[i, :len(row)] = torch.tensor(row)
+        mask[i, :len(row)] = 1
+    return out, mask
+
+
+def sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed: int,
+        max_len: int, target_accuracy: float = 0.0, check_every: int = 50,
+        weight_decay: float = 0.0, log=None) -> dict:
+    """Teacher-forced cross-entropy on reference solutions of training problems.
+
+    Stops early once greedy accuracy on 200 training problems reaches `target_accuracy` (checked
+    every `check_every` steps; 0 disables), so the warm start lands at a chosen skill level rather
+    than at a step count (the carry in addition is learnt abruptly, at a seed-dependent step).
+    Returns {"loss", "steps", "probe_accuracy"}.
+    """
+    rng = np.random.default_rng(seed + 7919)
+    pool = task.problems("train", 100_000, seed=seed + 1)
+    probe = task.problems("train", 200, seed=seed + 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
+    loss_value, probe_acc, step = float("nan"), float("nan"), 0
+    for step in range(1, steps + 1):
+        model.train()
+        warm = min(1.0, step / 20)
+        for group in opt.param_groups:
+            group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
+        probs = [pool[int(i)] for i in rng.integers(len(pool), size=batch_size)]
+        p_ids, p_mask = rollout.encode_prompts(tokenizer, [p.prompt for p in probs])
+        c_ids, c_mask = _completion_tensors(tokenizer, [task.solution(p) for p in probs], max_len)
+        logp, _ = rollout.completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+        loss = -(logp * c_mask).sum() / c_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_value = float(loss.detach())
+        if target_accuracy > 0 and (step % check_every == 0 or step == steps):
+            model.eval()
+            probe_acc = rollout.accuracy(model, tokenizer, task, probe, max_new_tokens=max_len)
+            if log:
+                log(f"sft step {step:5d}  loss {loss_value:.3f}  probe accuracy {probe_acc:.3f}")
+            if probe_acc >= target_accuracy:
+                break
+    model.eval()
+    return {"loss": loss_value, "steps": step, "probe_accuracy": probe_acc}
+
+
+# ---- checkpoint directory helpers --------------------------------------------------------------
+
+def _atomic_dir(final: Path):
+    """Context manager yielding a temp dir that is renamed to `final` on success."""
+    @contextlib.contextmanager
+    def cm():
+        tmp = final.parent / f".{final.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            yield tmp
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return cm()
+
+
+def latest_checkpoint(out_dir) -> Path | None:
+    ckpts = sorted(Path(out_dir, "checkpoints").glob("step_*"))
+    return ckpts[-1] if ckpts else None
+
+
+def policy_path(out_dir, which: str = "final") -> Path:
+    """Saved policy directory of a run: "base" (after SFT) or "final" (last checkpoint)."""
+    if which == "base":
+        return Path(out_dir, "base_model")
+    ckpt = latest_checkpoint(out_dir)
+    if ckpt is None:
+        raise FileNotFoundError(f"{out_dir}: no checkpoint yet")
+    return ckpt / "model"
+
+
+@functools.lru_cache(maxsize=None)
+def _advantages_fn(group_size: int, scale: str):
+    return jax.jit(functools.partial(objectives.group_advantages, group_size=group_size, scale=scale))
+
+
+# ---- the trainer -------------------------------------------------------------------------------
+
+class GRPOTrainer:
+    """Holds the policy, optimizer, RNGs and selective-rollout state of one run."""
+
+    def __init__(self, config: GRPOConfig, out_dir=None):
+        self.cfg = c = config
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.task = make_task(c.task, digits=c.digits, countdown_numbers=c.countdown_numbers,
+                              format_reward=c.format_reward)
+        self.max_len = c.max_completion_length or self.task.max_answer_chars() + 1
+        self.pool = self.task.problems("train", c.train_pool, seed=c.seed)
+        self.eval_set = self.task.problems("test", c.eval_problems, seed=EVAL_SEED)
+        self.rng = np.random.default_rng(c.seed)
+        self.gen = torch.Generator().manual_seed(c.seed)
+        self.order = self.rng.permutation(len(self.pool))
+        self.cursor, self.epoch, self.step = 0, 0, 0
+        self.counters = {"rollouts": 0, "rollouts_saved": 0, "num_tokens": 0}
+        self.greso = (SelectiveRollout(GresoConfig(target=c.greso_target, step=c.greso_step))
+                      if c.selective_rollouts else None)
+        self.rows: list[dict] = []
+        self.objective = torch_op(objectives.objective_fn(
+            c.loss_type, float(c.epsilon_low), float(c.epsilon_high), float(c.beta), self.max_len))
+        self.model = self.tokenizer = self.ref_model = self.opt = None
+
+    # -- set-up / persistence --
+    def _make_optimizer(self):
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr,
+                                     weight_decay=self.cfg.weight_decay, betas=(0.9, 0.99),
+                                     foreach=True)
+
+    def _load_reference(self, path):
+        if self.cfg.beta > 0:
+            self.ref_model, _ = load_policy(str(path))
+            self.ref_model.eval().requires_grad_(False)
+
+    def setup(self, progress: bool = False) -> None:
+        """Fresh start (SFT warm start -> base_model/) or resume from the last checkpoint."""
+        c = self.cfg
+        ckpt = latest_checkpoint(self.out_dir) if self.out_dir else None
+        if ckpt is not None:
+            self._restore(ckpt)
+            return
+        base_dir = self.out_dir / "base_model" if self.out_dir else None
+        if base_dir is not None and base_dir.exists():
+            self.model, self.tokenizer = load_policy(str(base_dir))
+            row0 = None
+        else:
+            source = c.init_from or c.model
+            self.model, self.tokenizer = load_policy(source, hidden_size=c.hidden_size,
+                                                     num_layers=c.num_layers,
+                                                     num_heads=c.num_heads, seed=c.seed)
+            self.model.float()
+            row0 = {"step": 0}
+            if c.sft_steps and not c.init_from:
+                info = sft(self.model, self.tokenizer, self.task, steps=c.sft_steps,
+                           batch_size=c.sft_batch_size, lr=c.sft_lr, seed=c.seed,
+                           max_len=self.max_len, target_accuracy=c.sft_target_accuracy,
+                           log=print if progress else None)
+                row0.update({f"sft/{k}": v for k, v in info.items()})
+            row0.update(self.evaluate())
+            if base_dir is not None:
+                with _atomic_dir(base_dir) as tmp:
+                    save_policy(self.model, self.tokenizer, tmp)
+        self.model.eval()
+        self._make_optimizer()
+        if base_dir is not None:
+            self._load_reference(base_dir)
+        else:
+            self._reference_from_memory()
+        if row0 is not None:
+            self.rows = [row0]
+        elif self.out_dir and (self.out_dir / "metrics.parquet").exists():
+            self.rows = pd.read_parquet(self.out_dir / "metrics.parquet").query("step == 0") \
+                .to_dict("records")
+
+    def _reference_from_memory(self):
+        if self.cfg.beta > 0:
+            import copy
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+
+    def save(self) -> None:
+        ckpt = self.out_dir / "checkpoints" / f"step_{self.step:06d}"
+        with _atomic_dir(ckpt) as tmp:
+            save_policy(self.model, self.tokenizer, tmp / "model")
+            torch.save({
+                "optimizer": self.opt.state_dict(),
+                "torch_generator": self.gen.get_state(),
+                "numpy_rng": self.rng.bit_generator.state,
+                "order": self.order.tolist(), "cursor": self.cursor, "epoch": self.epoch,
+                "step": self.step, "counters": dict(self.counters),
+                "greso": self.greso.state_dict() if self.greso else None,
+            }, tmp / "trainer_state.pt")
+        self._write_metrics()
+        old = sorted((self.out_dir / "checkpoints").glob("step_*"))[:-self.cfg.keep_checkpoints]
+        for path in old:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _restore(self, ckpt: Path) -> None:
+        self.model, self.tokenizer = load_policy(str(ckpt / "model"))
+        self.model.float().eval()
+        self._make_optimizer()
+        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        self.opt.load_state_dict(state["optimizer"])
+        self.gen.set_state(state["torch_generator"])
+        self.rng.bit_generator.state = state["numpy_rng"]
+        self.order = np.asarray(state["order"])
+        self.cursor, self.epoch, self.step = state["cursor"], state["epoch"], state["step"]
+        self.counters = dict(state["counters"])
+        if self.greso is not None and state["greso"] is not None:
+            self.greso.load_state_dict(state["greso"])
+        self._load_reference(self.out_dir / "base_model")
+        metrics = self.out_dir / "metrics.parquet"
+        if metrics.exists():
+            df = pd.read_parquet(metrics)
+            self.rows = df[df["step"] <= self.step].to_dict("records")
+
+    def _write_metrics(self) -> None:
+        if self.out_dir is not None:
+            sio.atomic_write_parquet(self.out_dir / "metrics.parquet", self.metrics_frame())
+
+    def metrics_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+    # -- evaluation --
+    def evaluate(self) -> dict:
+        """Greedy accuracy on the held-out problems, plus sampled pass@1 if `eval_samples` > 0.
+
+        Sampling uses its own generator seeded by the step, so evaluating never perturbs the
+        training stream and two runs evaluated at the same step share random numbers.
+        """
+        out = {"eval/accuracy": rollout.accuracy(self.model, self.tokenizer, self.task,
+                                                 self.eval_set, max_new_tokens=self.max_len)}
+        if self.cfg.eval_samples:
+            counts = rollout.correct_counts(
+                self.model, self.tokenizer, self.task, self.eval_set, n=self.cfg.eval_samples,
+                max_new_tokens=self.max_len, temperature=self.cfg.temperature,
+                top_p=self.cfg.top_p, seed=EVAL_SEED + self.step)
+            out["eval/pass@1"] = float(counts.mean() / self.cfg.eval_samples)
+        return out
+
+    # -- rollouts --
+    def _next_problem(self):
+        if self.cursor >= len(self.order):
+            self.order = self.rng.permutation(len(self.pool))
+            self.cursor, self.epoch = 0, self.epoch + 1
+        problem = self.pool[int(self.order[self.cursor])]
+        self.cursor += 1
+        return problem
+
+    def _rollout(self, problems) -> tuple[rollout.Batch, np.ndarray]:
+        G, tok = self.cfg.group_size, self.tokenizer
+        prompts = [p.prompt for p in problems for _ in range(G)]
+        ids, mask = rollout.encode_prompts(tok, prompts)
+        batch = rollout.sample(self.model, ids, mask, max_new_tokens=self.max_len,
+                               eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                               temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                               generator=self.gen)
+        rewards = rollout.score(self.task, [p for p in problems for _ in range(G)], tok, batch)
+        return batch, rewards
+
+    def collect(self) -> dict:
+        """Groups for one update: GRESO pre-filter, rollouts, optional dynamic-sampling refill."""
+        c, G = self.cfg, self.cfg.group_size
+        need, rounds = c.prompts_per_step, 0
+        max_rounds = c.max_sampling_rounds if c.dynamic_sampling else 1
+        kept_batches, kept_rewards, all_rewards, skipped, greso_stats = [], [], [], 0, {}
+        while need > 0 and rounds < max_rounds:
+            rounds += 1
+            chosen = []
+            for _ in range(len(self.pool)):
+                if len(chosen) == need:
+                    break
+                problem = self._next_problem()
+                if self.greso is None or self.greso.select(problem.id, self.rng):
+                    chosen.append(problem)
+                else:
+                    skipped += 1
+            if not chosen:
+                break
+            batch, rewards = self._rollout(chosen)
+            grouped = rewards.reshape(-1, G)
+            all_rewards.append(grouped)
+            greso_stats = self.greso.observe([p.id for p in chosen], grouped) if self.greso else {}
+            informative = np.ptp(grouped, axis=1) > 0
+            keep = np.flatnonzero(informative) if c.dynamic_sampling else np.arange(len(chosen))
+            keep = keep[:need]
+            if len(keep):
+                rows = (keep[:, None] * G + np.arange(G)).reshape(-1)
+                kept_batches.append(rollout.select(batch, rows))
+                kept_rewards.append(grouped[keep].reshape(-1))
+            need -= len(keep)
+        every = np.concatenate(all_rewards) if all_rewards else np.zeros((0, G), np.float32)
+        self.counters["rollouts"] += every.size
+        self.counters["rollouts_saved"] += skipped * G
+        out = {"generated": every, "rounds": rounds, "skipped_prompts": skipped}
+        if self.greso:
+            out["greso"] = greso_stats
+        if kept_batches:
+            out["batch"] = rollout.concat(kept_batches, self.tokenizer.pad_token_id, self.max_len)
+            out["rewards"] = np.concatenate(kept_rewards)
+        return out
+
+    # -- one GRPO step --
+    def _logprobs(self, model, batch, rows=None, with_entropy=False):
+        b = batch if rows is None else rollout.select(batch, rows)
+        return rollout.completion_logprobs(model, b.prompt_ids, b.prompt_mask, b.completion_ids,
+                                           b.completion_mask, self.cfg.temperature, with_entropy)
+
+    def train_step(self) -> dict:
+        c, t0 = self.cfg, time.perf_counter()
+        data = self.collect()
+        t_gen = time.perf_counter() - t0
+        gen = data["generated"]
+        row: dict[str, Any] = {
+            "step": self.step + 1, "epoch": self.epoch,
+            "reward": float(gen.mean()) if gen.size else float("nan"),
+            "reward_std": float(gen.std(ddof=1)) if gen.size > 1 else float("nan"),
+            "frac_reward_zero_std": float((np.ptp(gen, axis=1) == 0).mean()) if gen.size else float("nan"),
+            "sampling_rounds": data["rounds"], "skipped_prompts": data["skipped_prompts"],
+            **data.get("greso", {}),
+        }
+        if "batch" in data:
+            row.update(self._update(data["batch"], data["rewards"]))
+        else:  # every group was uninformative: nothing to learn from this step
+            row["groups_used"] = 0
+        self.step += 1
+        elapsed = time.perf_counter() - t0
+        row.update(self.counters)
+        row["tokens_per_s"] = row.pop("_step_tokens", 0) / elapsed
+        row["generation_s"], row["step_s"] = t_gen, elapsed
+        return row
+
+    def _update(self, batch: rollout.Batch, rewards: np.ndarray) -> dict:
+        c = self.cfg
+        adv, zero_std = _advantages_fn(c.group_size, c.scale_rewards)(
+            to_jax(torch.from_numpy(rewards)))
+        adv = to_torch(adv).clone()
+        mask = batch.completion_mask.float()
+        B = mask.shape[0]
+        lengths = batch.completion_mask.sum(-1).float()
+        step_tokens = int(batch.prompt_mask.sum() + batch.completion_mask.sum())
+        self.counters["num_tokens"] += step_tokens
+        need_old = c.num_iterations > 1 or c.num_minibatches > 1
+        with torch.no_grad():
+            old_logp = self._logprobs(self.model, batch)[0] if need_old else None
+            ref_logp = self._logprobs(self.ref_model, batch)[0] if c.beta > 0 else None
+        splits = np.array_split(np.arange(B), min(c.num_minibatches, B))
+        num_items = torch.tensor(float(mask.sum()) / len(splits))
+        self.model.train()
+        logs: dict[str, list] = {}
+        for _ in range(c.num_iterations):
+            for rows in splits:
+                rows_t = torch.as_tensor(rows)
+                logp, ent = self._logprobs(self.model, batch, rows, with_entropy=not logs)
+                old = logp.detach() if old_logp is None else old_logp[rows_t]
+                ref = torch.zeros_like(logp) if ref_logp is None else ref_logp[rows_t]
+                loss, m = self.objective(logp, old, ref, adv[rows_t], mask[rows_t], num_items)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+                self.opt.step()
+                if ent is not None:
+                    logs["entropy"] = [float((ent * mask[rows_t]).sum() / mask[rows_t].sum().clamp(min=1))]
+                for k, v in {"loss": loss, "grad_norm": grad_norm, **m}.items():
+                    logs.setdefault(k, []).append(float(v.detach()))
+        self.model.eval()
+        out = {k: float(np.mean(v)) for k, v in logs.items()}
+        out.update({
+            "groups_used": B // c.group_size,
+            "frac_zero_advantage": float(np.asarray(zero_std).mean()),
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float((~batch.finished).float().mean()),
+            "_step_tokens": step_tokens,
+        })
+        return out
+
+    def train(self, progress: bool = False) -> pd.DataFrame:
+        c = self.cfg
+        while self.step < c.steps:
+            row = self.train_step()
+            last = self.step == c.steps
+            if self.step % c.eval_every == 0 or last:
+                row.update(self.evaluate())
+            else:
+                row["eval/accuracy"] = float("nan")
+            self.rows.append(row)
+            if progress:
+                print(f"step {self.step:4d}  reward {row['reward']:.3f}  "
+                      f"eval {row['eval/accuracy']:.3f}  loss {row.get('loss', float('nan')):+.4f}",
+                      flush=True)
+            if self.out_dir is not None and (self.step % c.checkpoint_every == 0 or last):
+                self.save()
+        self._write_metrics()
+        return self.metrics_frame()
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def run(config: dict | GRPOConfig, out_dir, *, progress: bool = False) -> pd.DataFrame:
+    """Train (or resume) one GRPO run in `out_dir`; returns the metrics table (also on disk)."""
+    cfg = config if isinstance(config, GRPOConfig) else GRPOConfig.from_dict(dict(config))
+    out = Path(out_dir)
+    # not config.json: a sweep engine running this as a trial owns that file in the trial dir
+    cfg_path = out / "grpo_config.json"
+    resolved = dataclasses.asdict(cfg)
+    if cfg_path.exists():
+        previous = json.loads(cfg_path.read_text())
+        # `steps` may change: rerunning with more steps extends a finished run
+        diff = sorted(k for k in set(previous) | set(resolved)
+                      if k != "steps" and previous.get(k) != resolved.get(k))
+        if diff:
+            raise ValueError(f"out_dir: {out} holds a run with a different config ({', '.join(diff)}); "
+                             "use a new directory")
+    sio.atomic_write_json(cfg_path, resolved)
+    with _torch_threads(cfg.torch_threads):
+        torch.manual_seed(cfg.seed)
+        trainer = GRPOTrainer(cfg, out)
+        trainer.setup(progress)
+        return trainer.train(progress=progress)
