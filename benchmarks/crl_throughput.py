@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 
 import flax.linen as nn
@@ -114,7 +116,14 @@ def main(argv=None):
     p.add_argument("--chunk-env-steps", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--compute-dtype", default="float32", help="ours only sets the backbone dtype")
+    p.add_argument("--compile-timeout", type=float, default=600.0, help="seconds per depth-256 compile")
+    p.add_argument("--compile-only", choices=tuple(IMPLS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.compile_only:
+        depth = int(args.depths.split(",")[0])
+        _, secs = compile_chunk(crl.make(config(args, depth), **IMPLS[args.compile_only]))
+        print(f"compile_s={secs}")
+        return
     print(f"backend {jax.default_backend()} · env {args.env} · width {args.width} · batch {args.batch_size} "
           f"· envs {args.num_envs} · utd {args.utd} · chunk {args.chunk_env_steps} env steps")
     speedup = {}
@@ -123,11 +132,25 @@ def main(argv=None):
         speedup[depth] = sps["ours"] / sps["unrolled"]
         print(f"depth {depth:4d}  speedup ours/unrolled {speedup[depth]:.2f}x")
     if args.compile_depth:
-        cfg = config(args, args.compile_depth)
-        for name, networks in IMPLS.items():
-            _, secs = compile_chunk(crl.make(cfg, **networks))
-            print(f"compile depth {args.compile_depth}: {name:9s} {secs:7.1f} s")
+        # each in a child process with a time limit: the unrolled compile can take many minutes
+        for name in IMPLS:
+            cmd = [sys.executable, __file__, "--compile-only", name, "--depths", str(args.compile_depth),
+                   *_forward(args)]
+            t0 = time.perf_counter()
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.compile_timeout)
+                line = [x for x in out.stdout.splitlines() if x.startswith("compile_s=")]
+                secs = f"{float(line[-1].split('=')[1]):7.1f} s" if line else f"failed: {out.stderr[-300:]}"
+            except subprocess.TimeoutExpired:
+                secs = f"> {time.perf_counter() - t0:.0f} s (stopped at --compile-timeout)"
+            print(f"compile depth {args.compile_depth}: {name:9s} {secs}", flush=True)
     print(f"speedup_vs_unrolled_depth64={speedup.get(64, float('nan')):.2f}")
+
+
+def _forward(args) -> list[str]:
+    return ["--env", args.env, "--width", str(args.width), "--batch-size", str(args.batch_size),
+            "--num-envs", str(args.num_envs), "--utd", str(args.utd),
+            "--chunk-env-steps", str(args.chunk_env_steps), "--compute-dtype", args.compute_dtype]
 
 
 if __name__ == "__main__":
