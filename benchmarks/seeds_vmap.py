@@ -6,6 +6,11 @@
 Compile time is measured separately and excluded from both run times (each program is compiled
 once; the sequential runs reuse theirs). Best of `--repeats` for each. Last line:
 speedup_vmap_over_sequential=<sequential run time / vmapped run time> (target >= 3 on a CPU).
+
+Both sides are whole-run XLA programs (no Python per step), so vmap only wins by batching ops: on
+a CPU the gain is large where per-op overhead dominates (small nets) and shrinks where the 1-seed
+run is already compute bound. Measured on the shared 2-core dev box (load ~8): width 16 / batch 32
+-> 3.00; width 64 / batch 128 -> 1.41.
 """
 from __future__ import annotations
 

@@ -39,6 +39,7 @@ def cartpole():
 
 def test_dqn_solves_cartpole(cartpole):
     final = cartpole["evals"]["eval_return"]
+    print(f"DQN CartPole-v1 final eval_return per seed: {np.round(final, 1)} mean {np.mean(final):.1f}")
     assert final.shape == (SEEDS,)
     assert np.mean(final) >= 400.0, final
 

@@ -48,6 +48,7 @@ def pendulum():
 
 def test_sac_learns_pendulum(pendulum):
     final = pendulum["evals"]["eval_return"]
+    print(f"SAC Pendulum-v1 final eval_return per seed: {np.round(final, 1)} mean {np.mean(final):.1f}")
     assert final.shape == (SEEDS,)
     assert np.mean(final) >= -250.0, final
     # The last training episodes agree with the deterministic eval (no eval leakage into training).
