@@ -1,0 +1,211 @@
+"""The `grpo` trial kind: GRPO runs (`scaling_rl.llm.trainer`) as trials of the sweep engine.
+
+    agent: grpo
+    base: {sft_steps: 100, steps: 40}
+    grid: {group_size: [4, 8], hidden_size: [32, 64], loss_type: [grpo, dapo]}
+
+Every trial is validated through `GRPOConfig.from_dict` (plus `check`) before anything runs.
+A trial of `seeds` seeds runs them one after another, each as a full GRPO run in its own
+sub-directory::
+
+    <trial>/config.json       agent, config, seeds, seed, param_count (read by the engine)
+    <trial>/seed_<i>/         grpo_config.json, metrics.parquet, base_model/, checkpoints/
+    <trial>/metrics.parquet   every seed's rows, rewritten at each checkpoint
+
+Seed index i runs with GRPO seed `trial_seed * seeds + i`: the `seed` column of `sweep collect`.
+Set seeds with the spec's `seed` / `seeds` keys or a `grid: {seed: [...]}` axis, not `base.seed`.
+Rerunning resumes every seed from its last checkpoint (the config's own `checkpoint_every`, in
+GRPO steps; the sweep's `checkpoint_every` does not apply). Columns added to the trainer's rows:
+`seed` (index), `chunk` (= GRPO step; row 0 is the base policy), `env_steps` (completions sampled
+so far, the data axis) and `grad_steps` (optimizer steps so far). A non-finite loss or gradient
+norm raises `Diverged` (step = env_steps then). N = every parameter of the policy (embeddings
+included; tied ones once).
+
+Nothing here imports torch or transformers until a trial kind function is called.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from scaling_rl.sweep.registry import TrialKind
+
+SEED_DIR = "seed_{}"
+TINY_KINDS = ("qwen2", "llama")
+
+
+class Diverged(RuntimeError):
+    """Non-finite GRPO loss or gradient norm; `step` is the env_steps (completions) count then."""
+
+    def __init__(self, step: int, message: str = ""):
+        self.step = int(step)
+        super().__init__(message or f"diverged at env step {self.step}")
+
+
+def _config_cls():
+    from scaling_rl.llm.trainer import GRPOConfig
+    return GRPOConfig
+
+
+def _is_tiny(model: str) -> bool:
+    return model == "tiny" or model.startswith("tiny:")
+
+
+def check(config: dict) -> None:
+    """What GRPOConfig cannot see: the seed belongs to the sweep, tiny-model shapes, init_from."""
+    if config.get("seed", 0) != 0:
+        raise ValueError(f"seed: {config['seed']!r} in the GRPO config; set seeds with the spec's "
+                         "`seed`/`seeds` keys or a `grid: {seed: [...]}` axis")
+    source = config.get("init_from") or config.get("model", "tiny")
+    if config.get("init_from"):
+        if not (Path(config["init_from"]) / "config.json").is_file():
+            raise ValueError(f"init_from: {config['init_from']!r} is not a saved policy directory "
+                             "(no config.json)")
+    elif _is_tiny(source):
+        kind = source.split(":", 1)[1] if ":" in source else "qwen2"
+        if kind not in TINY_KINDS:
+            raise ValueError(f"model: tiny kind {kind!r} is unknown; "
+                             "use 'tiny', 'tiny:qwen2' or 'tiny:llama'")
+        if config["hidden_size"] % config["num_heads"]:
+            raise ValueError(f"hidden_size: {config['hidden_size']} is not divisible by "
+                             f"num_heads={config['num_heads']}")
+
+
+def param_count(config: dict) -> int:
+    """Parameters of the policy the trial trains, built on the meta device (no weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from scaling_rl.llm.models import char_tokenizer, tiny_model
+
+    source = config.get("init_from") or config.get("model", "tiny")
+    with torch.device("meta"):
+        if _is_tiny(source):
+            kind = source.split(":", 1)[1] if ":" in source else "qwen2"
+            model = tiny_model(char_tokenizer(), kind, int(config["hidden_size"]),
+                               int(config["num_layers"]), int(config["num_heads"]))
+        else:
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+    return int(sum(p.numel() for p in model.parameters()))
+
+
+def _tidy(df, index: int, cfg):
+    """One seed's trainer rows + seed / chunk / env_steps / grad_steps."""
+    df = df.copy()
+    step = df["step"].astype("int64")
+    rollouts = df["rollouts"] if "rollouts" in df.columns else 0 * step
+    df.insert(0, "seed", index)
+    df.insert(1, "chunk", step)
+    df.insert(2, "env_steps", rollouts.fillna(0).astype("int64"))
+    df.insert(3, "grad_steps", step * cfg.num_iterations * cfg.num_minibatches)
+    return df
+
+
+def _write_combined(out: Path, seeds: int, cfg):
+    """<trial>/metrics.parquet from every seed directory's metrics so far."""
+    import pandas as pd
+
+    from scaling_rl.io import atomic_write_parquet
+
+    frames = []
+    for i in range(seeds):
+        path = out / SEED_DIR.format(i) / "metrics.parquet"
+        if path.exists():
+            frames.append(_tidy(pd.read_parquet(path), i, cfg))
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    atomic_write_parquet(out / "metrics.parquet", df)
+    return df
+
+
+def _checked_trainer(on_save):
+    """GRPOTrainer that raises Diverged on a non-finite loss / grad norm (after writing the rows so
+    far) and reports each save."""
+    from scaling_rl.llm.trainer import GRPOTrainer
+
+    class Checked(GRPOTrainer):
+        def train_step(self):
+            row = super().train_step()
+            bad = [k for k in ("loss", "grad_norm") if k in row and not math.isfinite(row[k])]
+            if bad:  # keep every row up to and including the bad one (a rerun drops it again)
+                self.rows.append(row)
+                self._write_metrics()
+                on_save()
+                n = int(self.counters["rollouts"])
+                raise Diverged(n, f"diverged at env step {n} (GRPO step {self.step}, seed "
+                                  f"{self.cfg.seed}): {', '.join(bad)} non-finite")
+            return row
+
+        def save(self):
+            super().save()
+            on_save()
+
+    return Checked
+
+
+def _run_seed(cfg, out: Path, on_save):
+    """trainer.run for one seed, with the divergence check (same resume / config-change rules)."""
+    import torch
+
+    from scaling_rl import io as sio
+    from scaling_rl.llm import trainer
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "grpo_config.json"
+    resolved = dataclasses.asdict(cfg)
+    if cfg_path.exists():
+        previous = json.loads(cfg_path.read_text())
+        diff = sorted(k for k in set(previous) | set(resolved)
+                      if k != "steps" and previous.get(k) != resolved.get(k))
+        if diff:
+            raise ValueError(f"out_dir: {out} holds a run with a different config ({', '.join(diff)})")
+    sio.atomic_write_json(cfg_path, resolved)
+    with trainer._torch_threads(cfg.torch_threads):
+        torch.manual_seed(cfg.seed)
+        t = _checked_trainer(on_save)(cfg, out)
+        t.setup(False)
+        return t.train(progress=False)
+
+
+def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, checkpoint_every: int = 1):
+    """Run (or resume) `seeds` GRPO runs, seeds trial_seed*seeds + 0..seeds-1, one after another.
+
+    `checkpoint_every` (sweep chunks) is not used: the GRPO config's own field decides.
+    """
+    from scaling_rl import io as sio
+
+    GRPOConfig = _config_cls()
+    base = GRPOConfig.from_dict(dict(config))
+    check(dataclasses.asdict(base))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfgs = [dataclasses.replace(base, seed=seed * seeds + i) for i in range(seeds)]
+    record = {"agent": "grpo", "config": dict(config), "seeds": int(seeds), "seed": int(seed),
+              "param_count": param_count(dataclasses.asdict(base)),
+              "seed_dirs": {SEED_DIR.format(i): c.seed for i, c in enumerate(cfgs)}}
+    sio.atomic_write_json(out / "config.json", record)
+    for i, cfg in enumerate(cfgs):
+        try:
+            _run_seed(cfg, out / SEED_DIR.format(i), lambda: _write_combined(out, seeds, base))
+        finally:
+            _write_combined(out, seeds, base)
+    df = _write_combined(out, seeds, base)
+    if wandb:
+        _log_wandb(wandb, out, config, seeds, df)
+    return df
+
+
+def _log_wandb(options, out: Path, config: dict, seeds: int, df) -> None:
+    """Seed-mean of each metric per GRPO step, logged once every seed has finished."""
+    from scaling_rl.logging_utils import WandbLogger
+
+    logger = WandbLogger(options, out_dir=str(out), agent="grpo", config=config, seeds=seeds)
+    numeric = df.select_dtypes("number")
+    for _, rows in numeric.groupby("chunk", sort=True):
+        logger.log(rows.to_dict("records"))
+    logger.finish()
+
+
+TRIAL_KIND = TrialKind(name="grpo", config_cls=_config_cls, run=run, param_count=param_count,
+                       check=check)
