@@ -1,7 +1,6 @@
 """Sweep engine: spec validation, trial ids, store, runner, collect, CLI (JAX-free `toy` trials)."""
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp

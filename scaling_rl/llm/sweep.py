@@ -26,7 +26,6 @@ Nothing here imports torch or transformers until a trial kind function is called
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -146,26 +145,10 @@ def _checked_trainer(on_save):
 
 def _run_seed(cfg, out: Path, on_save):
     """trainer.run for one seed, with the divergence check (same resume / config-change rules)."""
-    import torch
-
-    from scaling_rl import io as sio
     from scaling_rl.llm import trainer
 
     out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "grpo_config.json"
-    resolved = dataclasses.asdict(cfg)
-    if cfg_path.exists():
-        previous = json.loads(cfg_path.read_text())
-        diff = sorted(k for k in set(previous) | set(resolved)
-                      if k != "steps" and previous.get(k) != resolved.get(k))
-        if diff:
-            raise ValueError(f"out_dir: {out} holds a run with a different config ({', '.join(diff)})")
-    sio.atomic_write_json(cfg_path, resolved)
-    with trainer._torch_threads(cfg.torch_threads):
-        torch.manual_seed(cfg.seed)
-        t = _checked_trainer(on_save)(cfg, out)
-        t.setup(False)
-        return t.train(progress=False)
+    return trainer.run(cfg, out, trainer_cls=_checked_trainer(on_save))
 
 
 def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, checkpoint_every: int = 1):

@@ -438,7 +438,7 @@ class GRPOTrainer:
                                            b.completion_mask, self.cfg.temperature, with_entropy)
 
     def train_step(self) -> dict:
-        c, t0 = self.cfg, time.perf_counter()
+        t0 = time.perf_counter()
         data = self.collect()
         t_gen = time.perf_counter() - t0
         gen = data["generated"]
@@ -537,8 +537,12 @@ def _torch_threads(n: int):
         torch.set_num_threads(previous)
 
 
-def run(config: dict | GRPOConfig, out_dir, *, progress: bool = False) -> pd.DataFrame:
-    """Train (or resume) one GRPO run in `out_dir`; returns the metrics table (also on disk)."""
+def run(config: dict | GRPOConfig, out_dir, *, progress: bool = False,
+        trainer_cls: type | None = None) -> pd.DataFrame:
+    """Train (or resume) one GRPO run in `out_dir`; returns the metrics table (also on disk).
+
+    `trainer_cls` (a GRPOTrainer subclass) lets a caller add checks, e.g. the sweep's divergence test.
+    """
     cfg = config if isinstance(config, GRPOConfig) else GRPOConfig.from_dict(dict(config))
     out = Path(out_dir)
     # not config.json: a sweep engine running this as a trial owns that file in the trial dir
@@ -555,6 +559,6 @@ def run(config: dict | GRPOConfig, out_dir, *, progress: bool = False) -> pd.Dat
     sio.atomic_write_json(cfg_path, resolved)
     with _torch_threads(cfg.torch_threads):
         torch.manual_seed(cfg.seed)
-        trainer = GRPOTrainer(cfg, out)
+        trainer = (trainer_cls or GRPOTrainer)(cfg, out)
         trainer.setup(progress)
         return trainer.train(progress=progress)

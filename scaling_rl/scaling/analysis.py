@@ -164,7 +164,6 @@ def _analyze(cs: CurveSet, st: Settings, say) -> dict:
                          interpolation=st.interpolation)
     table = de.group_table(st.level)
     infl = fitting.small_sample_inflation(de.min_seeds)
-    K = de.g_boot.shape[0] if st.n_bootstrap > 0 else 0
     notes = list(de.notes)
     if np.isfinite(infl) and infl != 1.0:
         notes.append(f"bootstrap deviations scaled by sqrt(n/(n-1)) = {infl:.3f} (n = {de.min_seeds} seeds): "

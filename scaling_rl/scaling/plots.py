@@ -2,7 +2,6 @@
 legends, intervals drawn."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import matplotlib
