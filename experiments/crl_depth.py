@@ -92,8 +92,7 @@ def plot(results: list[dict], path: Path, env: str) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle(f"CRL depth study: {env}")
     fig.tight_layout()
-    with io.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+    io.atomic_savefig(fig, path, fmt="png", dpi=120)
     plt.close(fig)
 
 

@@ -54,8 +54,7 @@ def plot(curves: pd.DataFrame, target: float, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    with sio.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+    sio.atomic_savefig(fig, path, fmt="png", dpi=120)
     plt.close(fig)
 
 

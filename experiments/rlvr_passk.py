@@ -52,8 +52,7 @@ def plot(df: pd.DataFrame, path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    with sio.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+    sio.atomic_savefig(fig, path, fmt="png", dpi=120)
     plt.close(fig)
 
 

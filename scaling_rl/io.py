@@ -48,3 +48,10 @@ def atomic_write_parquet(path: str | os.PathLike, df) -> None:
     """Write a pandas DataFrame to parquet atomically."""
     with atomic_path(path) as tmp:
         df.to_parquet(tmp, index=False)
+
+
+def atomic_savefig(fig, path: str | os.PathLike, *, fmt: str | None = None, **kwargs) -> None:
+    """Save a matplotlib figure to `path` atomically (format from the suffix unless `fmt`)."""
+    fmt = fmt or Path(path).suffix.lstrip(".") or "png"
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=fmt, **kwargs)

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from scaling_rl.io import atomic_path
+from scaling_rl.io import atomic_savefig
 
 RETURN_COLUMNS = (("episode_return", "train episodes", "tab:blue"),
                   ("eval_return", "eval (deterministic)", "tab:orange"))
@@ -79,6 +79,5 @@ def plot_learning_curve(df: pd.DataFrame, path: str | os.PathLike, *, title: str
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+    atomic_savefig(fig, path, fmt="png", dpi=110)
     plt.close(fig)

@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from ..io import atomic_path  # noqa: E402
+from ..io import atomic_savefig  # noqa: E402
 from . import allocation as alloc  # noqa: E402
 
 TASK_COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -42,8 +42,7 @@ def _save(fig, out_dir: Path, name: str) -> list[str]:
     paths = []
     for ext in ("png", "pdf"):
         path = out_dir / f"{name}.{ext}"
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
+        atomic_savefig(fig, path, fmt=ext, dpi=150, bbox_inches="tight")
         paths.append(str(path))
     plt.close(fig)
     return paths
