@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The main job: a short training run that writes metrics and a learning-curve PNG.
+# The main job: the quickstart sweep (SAC on Pendulum, 3 widths x 3 UTD ratios x 2 seeds, local
+# backend) -> one tidy results table -> scaling-law fit -> report and figures.
+# Rerunning resumes: done trials are skipped, the others continue from their last checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 OUT=${OUT:-runs/quickstart}
-$BIN/scaling-rl train --agent sac --env gymnax/Pendulum-v1 --width 64 --depth 1 --utd 1 \
-  --batch-size 128 --lr 3e-4 --seeds 2 --env-steps 10000 --out "$OUT"
-echo "quickstart: $OUT/metrics.parquet (tidy metrics), $OUT/curve.png (learning curve); rerun resumes or returns at once"
+$BIN/scaling-rl sweep run sweeps/quickstart.yaml --out "$OUT/sweep" --no-progress
+$BIN/scaling-rl sweep status "$OUT/sweep"
+$BIN/scaling-rl sweep collect "$OUT/sweep"
+$BIN/scaling-rl fit "$OUT/sweep/results.parquet" --metric eval_return --out "$OUT/fit"
+echo "quickstart: table $OUT/sweep/results.parquet, report $OUT/fit/report.md, figures $OUT/fit/*.png"

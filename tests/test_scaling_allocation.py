@@ -84,3 +84,14 @@ def test_sigma_only_study_optimum():
     D = p["D_min"] + (p["beta"] / grid) ** p["alpha"]
     F = 10 * 1e6 * 256 * grid * D + 1e10 * D
     assert o["sigma"] == pytest.approx(grid[np.argmin(F)], rel=2e-3)
+
+
+def test_semi_analytic_survives_a_flat_model_size_exponent():
+    """β ≈ 0.1 (as fitted on the quickstart sweep) sends log N far out at the root bracket's ends;
+    the stationarity equation must not overflow there (it did: math.exp(log δ − log u) > 1e308)."""
+    flat = {"D_min": 100.0, "a": 28.7, "alpha": 0.88, "b": 6.9e10, "beta": 0.115}
+    batch = al.BatchModel.constant(128.0)
+    semi = al.optimum_semi_analytic(flat, batch, 2.33e7)
+    num = al.optimum(flat, batch, 2.33e7)
+    assert math.isfinite(semi["F"]) and semi["F"] > 0
+    assert num["F"] == pytest.approx(semi["F"], rel=1e-3)   # flat valley: numerical stops ~1e-4 short

@@ -19,7 +19,7 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, special
 
 from .fitting import single_threaded_blas
 
@@ -186,7 +186,7 @@ def optimum_semi_analytic(p: dict, batch: BatchModel, delta: float) -> dict:
         y = math.exp(t)
         _, _, lu = parts(t)
         lhs = be * y / (1 + y * (1 + r))
-        rhs = 1.0 / (1.0 + math.exp(math.log(delta) - lu)) if delta > 0 else 1.0
+        rhs = float(special.expit(lu - math.log(delta))) if delta > 0 else 1.0  # no overflow
         return lhs - rhs
 
     t = optimize.brentq(g, -60.0, 60.0, xtol=1e-14, rtol=1e-14, maxiter=500)
