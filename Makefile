@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 quickstart: $(STAMP)
-	$(BIN)/bash scripts/quickstart.sh 2>/dev/null || bash scripts/quickstart.sh
+	bash scripts/quickstart.sh
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
