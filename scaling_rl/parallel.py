@@ -51,6 +51,19 @@ def mesh_size(mesh: Mesh | None, axis: str = DATA_AXIS) -> int:
     return 1 if mesh is None else int(mesh.shape[axis])
 
 
+def resolve_mesh(mesh: Mesh | None, data_parallel: bool, batch_size: int,
+                 axis: str = DATA_AXIS) -> Mesh | None:
+    """The mesh an agent trains on (all local devices when `data_parallel` and none given), checking
+    that the global batch splits evenly over it (one-line ValueError naming a batch size that does)."""
+    if mesh is None and data_parallel:
+        mesh = make_mesh(axis=axis)
+    n = mesh_size(mesh, axis)
+    if batch_size % n:
+        raise ValueError(f"batch_size: {batch_size} does not split over {n} devices; "
+                         f"use {-(-batch_size // n) * n}")
+    return mesh
+
+
 def data_parallel_value_and_grad(loss_fn: Callable, mesh: Mesh | None, axis: str = DATA_AXIS
                                  ) -> Callable:
     """`loss_fn(params, batch, extra) -> (loss, aux)` -> `f(params, batch, extra) -> ((loss, aux), grads)`.

@@ -340,12 +340,7 @@ def make(cfg: Config, mesh=None, *, encoder_cls=None, actor_cls=None) -> common.
     """
     if not isinstance(cfg, Config):
         raise ValueError(f"cfg: expected crl.Config, got {type(cfg).__name__}; use crl.Config(...)")
-    if mesh is None and cfg.data_parallel:
-        mesh = parallel.make_mesh()
-    if cfg.batch_size % parallel.mesh_size(mesh):
-        n = parallel.mesh_size(mesh)
-        raise ValueError(f"batch_size: {cfg.batch_size} does not split over {n} devices; "
-                         f"use {_round_up(cfg.batch_size, n)}")
+    mesh = parallel.resolve_mesh(mesh, cfg.data_parallel, cfg.batch_size)
     env = _goal_env(cfg, cfg.num_envs)
     eval_env = _goal_env(cfg, cfg.eval_episodes)
     spec, gs = env.spec, env.goal_spec

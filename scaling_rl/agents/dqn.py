@@ -96,11 +96,7 @@ def make(cfg: Config, mesh=None) -> common.Agent:
     spec = envs_lib.make(cfg.env, num_envs=1).spec
     if not spec.discrete:
         raise ValueError(f"env: {cfg.env} has continuous actions; DQN needs a discrete env (use sac)")
-    if mesh is None and cfg.data_parallel:
-        mesh = parallel.make_mesh()
-    if cfg.batch_size % parallel.mesh_size(mesh):
-        raise ValueError(f"batch_size: {cfg.batch_size} does not split over "
-                         f"{parallel.mesh_size(mesh)} devices; use a multiple")
+    mesh = parallel.resolve_mesh(mesh, cfg.data_parallel, cfg.batch_size)
     qnet = QNetwork(q_backbone(cfg), spec.num_actions)
     tx = common.make_optimizer(cfg.lr, cfg.weight_decay, cfg.max_grad_norm)
 

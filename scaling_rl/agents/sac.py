@@ -139,11 +139,7 @@ def make(cfg: Config, mesh=None) -> common.Agent:
     spec = envs_lib.make(cfg.env, num_envs=1).spec
     if spec.discrete:
         raise ValueError(f"env: {cfg.env} has discrete actions; SAC needs a continuous env (use dqn)")
-    if mesh is None and cfg.data_parallel:
-        mesh = parallel.make_mesh()
-    if cfg.batch_size % parallel.mesh_size(mesh):
-        raise ValueError(f"batch_size: {cfg.batch_size} does not split over "
-                         f"{parallel.mesh_size(mesh)} devices; use a multiple")
+    mesh = parallel.resolve_mesh(mesh, cfg.data_parallel, cfg.batch_size)
     obs_dim, act_dim = spec.obs_dim, spec.action_dim
     critic = Critic(critic_backbone(cfg))
     actor = Actor(actor_backbone(cfg), act_dim)
