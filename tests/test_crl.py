@@ -187,3 +187,18 @@ def test_data_parallel_update_is_the_mean_of_shard_updates():
     for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(aux_a["loss/critic"], aux_b["loss/critic"], rtol=1e-5)
+
+
+@pytest.mark.skipif(jax.device_count() >= 2, reason="the test above runs directly on this multi-device host")
+def test_data_parallel_update_in_a_two_device_process():
+    """The device count is fixed when jax starts, so the shard_map check runs in its own process."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+    target = f"{__file__}::test_data_parallel_update_is_the_mean_of_shard_updates"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
