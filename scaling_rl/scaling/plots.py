@@ -176,16 +176,21 @@ def _de_params(fit: dict, task: str, j: int) -> dict | None:
     return None if rec is None else {k: v["estimate"] for k, v in rec["params"].items()}
 
 
-def plot_contours(fit: dict, out_dir: Path) -> list[str]:
-    """Iso-D_J contours over (σ, N) for the hardest fitted threshold, the sweep grid, and the
-    budget-optimal (σ*, N*) of every threshold with intervals (the compute-optimal path)."""
+def _allocation_setup(fit: dict):
+    """(allocation section, its per-threshold rows, tasks that have rows, one colour per threshold)."""
     al = fit.get("allocation", {})
     rows = al.get("per_threshold", [])
     tasks = [t for t in fit["tasks"] if any(r["task"] == t for r in rows)]
+    colors = _j_colors(len(next(iter(fit["thresholds"].values())))) if tasks else []
+    return al, rows, tasks, colors
+
+
+def plot_contours(fit: dict, out_dir: Path) -> list[str]:
+    """Iso-D_J contours over (σ, N) for the hardest fitted threshold, the sweep grid, and the
+    budget-optimal (σ*, N*) of every threshold with intervals (the compute-optimal path)."""
+    al, rows, tasks, colors = _allocation_setup(fit)
     if not tasks:
         return []
-    nJ = len(next(iter(fit["thresholds"].values())))
-    colors = _j_colors(nJ)
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.0 * len(tasks) + 1.2, 4.2), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         trows = [r for r in rows if r["task"] == task]
@@ -225,7 +230,7 @@ def plot_contours(fit: dict, out_dir: Path) -> list[str]:
         ax.legend(loc="lower left", framealpha=0.85)
     thr = fit["thresholds"][tasks[0]]
     handles = [Line2D([], [], color=colors[j], marker="*", ms=11, mec="k", mew=0.5, ls="",
-                      label=f"optimum, J = {thr[j]:.2f}") for j in range(nJ)]
+                      label=f"optimum, J = {thr[j]:.2f}") for j in range(len(colors))]
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
                title=f"δ = {_fmt(al['delta'])} FLOPs/step")
     fig.tight_layout()
@@ -235,13 +240,9 @@ def plot_contours(fit: dict, out_dir: Path) -> list[str]:
 def plot_pareto(fit: dict, out_dir: Path) -> list[str]:
     """Data–compute Pareto frontier per threshold (minimisers of C + δ·D over δ), sweep points, and
     the chosen δ's optimum."""
-    al = fit.get("allocation", {})
-    rows = al.get("per_threshold", [])
-    tasks = [t for t in fit["tasks"] if any(r["task"] == t for r in rows)]
+    al, rows, tasks, colors = _allocation_setup(fit)
     if not tasks:
         return []
-    nJ = len(next(iter(fit["thresholds"].values())))
-    colors = _j_colors(nJ)
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.8 * len(tasks) + 1.2, 4.0), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         bm = alloc.BatchModel.from_dict(al["batch_models"][task])
@@ -263,7 +264,7 @@ def plot_pareto(fit: dict, out_dir: Path) -> list[str]:
         ax.set_ylabel("data D_J  (env steps)")
         ax.set_title(f"{task}: data–compute frontier")
     thr = fit["thresholds"][tasks[0]]
-    handles = [Line2D([], [], color=colors[j], lw=1.5, label=f"J = {thr[j]:.2f}") for j in range(nJ)]
+    handles = [Line2D([], [], color=colors[j], lw=1.5, label=f"J = {thr[j]:.2f}") for j in range(len(colors))]
     handles += [Line2D([], [], color="grey", marker="o", ls="", alpha=0.5, label="sweep runs (best B, η)"),
                 Line2D([], [], color="grey", marker="*", ms=11, mec="k", ls="", label=f"optimum at δ = {_fmt(al['delta'])}")]
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
