@@ -324,17 +324,23 @@ class BaseConfig:
     @classmethod
     def from_dict(cls, d: dict):
         """Build from a plain dict (e.g. parsed JSON); unknown keys are a one-line error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"{unknown[0]}: not a field of {cls.__module__}.{cls.__name__}; "
-                             f"known: {', '.join(sorted(names))}")
-        hints = typing.get_type_hints(cls)
-        return cls(**{k: _coerce(v, hints.get(k)) for k, v in d.items()})
+        return config_from_dict(cls, d)
 
     def to_dict(self) -> dict:
         """Plain dict of the fields (JSON-serialisable)."""
         return dataclasses.asdict(self)
+
+
+def config_from_dict(cls, d: dict):
+    """Any agent's frozen Config dataclass from a plain dict (e.g. parsed JSON): unknown keys are a
+    one-line error, JSON number types are coerced to the field's int/float type."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not a field of {cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}; "
+                         f"known: {', '.join(sorted(names))}")
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: _coerce(v, hints.get(k)) for k, v in d.items()})
 
 
 def _coerce(value, hint):

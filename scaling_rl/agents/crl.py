@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from typing import Any
 
 import flax.linen as nn
@@ -176,19 +175,7 @@ class Config:
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
         """Build from a plain dict (e.g. parsed JSON); unknown keys are a one-line error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"{unknown[0]}: not a field of crl.Config; known: {', '.join(sorted(names))}")
-        hints = typing.get_type_hints(cls)
-        fixed = {}
-        for k, v in d.items():
-            if hints.get(k) is int and isinstance(v, float) and v.is_integer():
-                v = int(v)
-            elif hints.get(k) is float and _is_int(v):
-                v = float(v)
-            fixed[k] = v
-        return cls(**fixed)
+        return common.config_from_dict(cls, d)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
