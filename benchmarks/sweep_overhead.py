@@ -115,7 +115,7 @@ def main(argv=None) -> None:
         t_one = sweep(tmp, "one", {**real, "out_dir": str(tmp / "one"), "grid": {"seed": seeds},
                                    "compile_cache": str(tmp / "cache_one")})
         t_pack = sweep(tmp, "pack", {**real, "out_dir": str(tmp / "pack"), "grid": {"seed": seeds},
-                                     "pack_seeds": True, "compile_cache": str(tmp / "cache_pack")})
+                                     "pack": True, "compile_cache": str(tmp / "cache_pack")})
         one = sorted(statuses(tmp / "one"), key=lambda s: s["started"])
         if len(one) > 1:  # later trials of one worker: warm cache and a warm process
             later = sum(startup_s(s) for s in one[1:]) / (len(one) - 1)

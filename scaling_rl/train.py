@@ -297,9 +297,15 @@ def _summary(df, extra: Mapping[str, Any]) -> dict[str, Any]:
 def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, seed: int = 0,
         wandb: bool | Mapping[str, Any] = False, progress: bool = True,
         checkpoint_every: int = 1, eval_every: int = 1,
-        on_chunk: Callable[[int, Any], None] | None = None):
+        on_chunk: Callable[[int, Any], None] | None = None,
+        seed_configs: typing.Sequence[Any] | None = None):
     """Train `seeds` seeds of `agent_name` with `cfg` (its Config, or a dict for
     `Config.from_dict`) into `out_dir`; returns the tidy metrics DataFrame.
+
+    `seed_configs` (one Config or dict per seed) lets seed i train with its own values of the
+    agent module's `PACKABLE` fields (learning rates, weight decay: optimiser state, not program);
+    every other field must equal `cfg`'s. This is how the sweep packs trials differing in η into
+    one vmapped program. The per-seed values are recorded in config.json (`seed_hparams`).
 
     Resumes from the newest checkpoint in `out_dir` (the config must match the one there);
     returns the stored table at once when the run is already complete. Checkpoints every
@@ -327,6 +333,7 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
     for name, value in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every)):
         if not isinstance(value, int) or value < 0:
             raise ConfigError(f"{name}: must be an integer >= 0, got {value!r}")
+    seed_hparams = _seed_hparams(agent_name, mod, cfg, seeds, seed_configs)
     try:
         agent = mod.make(cfg)
     except (ValueError, TypeError) as e:
@@ -334,6 +341,8 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
 
     out = Path(out_dir)
     record = {"agent": agent_name, "config": _config_dict(cfg), "seeds": seeds, "seed": seed}
+    if seed_hparams is not None:
+        record["seed_hparams"] = seed_hparams
     config_path, status_path = out / "config.json", out / "status.json"
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out: {out} exists and is not a directory")
@@ -357,7 +366,35 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
         if status.get("status") == "diverged":
             raise Diverged(status.get("step", 0), f"already diverged at env step {status.get('step', 0)}")
         return _loop(agent_name, cfg, agent, out, seeds, seed, wandb, progress, checkpoint_every,
-                     eval_every, on_chunk)
+                     eval_every, on_chunk, seed_hparams)
+
+
+def _seed_hparams(agent_name: str, mod, cfg, seeds: int, seed_configs) -> list[dict] | None:
+    """Validate `seed_configs` against `cfg`; the per-seed `mod.hparams` values (None if not given)."""
+    if seed_configs is None:
+        return None
+    packable = getattr(mod, "PACKABLE", None)
+    if not packable or not hasattr(mod, "hparams"):
+        raise ConfigError(f"seed_configs: agent {agent_name} has no per-seed hyper-parameters (PACKABLE)")
+    if isinstance(seed_configs, (str, bytes, Mapping)) or len(seed_configs) != seeds:
+        n = len(seed_configs) if isinstance(seed_configs, (list, tuple)) else type(seed_configs).__name__
+        raise ConfigError(f"seed_configs: expected a list of {seeds} configs (one per seed), got {n}")
+    base = {k: v for k, v in _config_dict(cfg).items() if k not in packable}
+    out = []
+    for i, c in enumerate(seed_configs):
+        if isinstance(c, Mapping):
+            try:
+                c = mod.Config.from_dict(dict(c))
+            except (ValueError, TypeError) as e:
+                raise ConfigError(f"seed_configs[{i}]: {_one_line(e)}") from None
+        elif not isinstance(c, mod.Config):
+            raise ConfigError(f"seed_configs[{i}]: expected {agent_name}.Config or a dict, got {type(c).__name__}")
+        other = {k: v for k, v in _config_dict(c).items() if k not in packable}
+        if other != base:
+            raise ConfigError(f"seed_configs[{i}]: differs from cfg outside {', '.join(packable)} "
+                              f"({_first_difference(base, other)}); such trials cannot share a program")
+        out.append(mod.hparams(c))
+    return out
 
 
 @contextlib.contextmanager
@@ -394,7 +431,7 @@ def _first_difference(old: Mapping, new: Mapping) -> str:
 
 
 def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, checkpoint_every,
-          eval_every, on_chunk):
+          eval_every, on_chunk, seed_hparams=None):
     import jax
 
     from scaling_rl.checkpoint import Checkpointer
@@ -411,7 +448,12 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
 
     root = jax.random.PRNGKey(seed)
     seed_keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(seeds, dtype=np.uint32))
-    init_fn = jax.jit(jax.vmap(lambda k: _strip_weak_types(agent.init(k))))
+    if seed_hparams is None:
+        init_fn = jax.jit(jax.vmap(lambda k: _strip_weak_types(agent.init(k))))
+    else:  # each seed's optimisers get its own hyper-parameters right after init
+        hp = {k: np.asarray([h[k] for h in seed_hparams], np.float32) for k in seed_hparams[0]}
+        init_one = jax.vmap(lambda k, h: _strip_weak_types(agent.set_hparams(agent.init(k), h)))
+        init_fn = jax.jit(lambda keys: init_one(keys, hp))
 
     def chunk_one(state):
         state, metrics = agent.chunk(state)

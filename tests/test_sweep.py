@@ -1,9 +1,11 @@
 """Sweep engine: spec validation, trial ids, store, runner, collect, CLI (JAX-free `toy` trials)."""
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -164,7 +166,7 @@ def test_divergence_marks_trial_and_sweep_goes_on_failed_is_retried(tmp_path):
 
 
 def test_packing_runs_seed_trials_in_one_program(tmp_path):
-    spec = parse_spec({"agent": "toy", "out_dir": str(tmp_path / "s"), "seeds": 2, "pack_seeds": True,
+    spec = parse_spec({"agent": "toy", "out_dir": str(tmp_path / "s"), "seeds": 2, "pack": True,
                        "grid": {"seed": [0, 1, 2], "width": [4]}})
     run_sweep(spec, workers=0, progress=False)
     store = Store(spec.out_dir)
@@ -205,3 +207,29 @@ def test_dry_run_lists_trials_and_writes_nothing(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "8 trials" in text and not out.exists()
     assert cli.main(["sweep", "status", str(tmp_path / "nothing")]) == 2
+
+
+def test_packing_groups_trials_differing_in_lr(tmp_path):
+    """Trials differing in seed and lr (the toy's packable field) share one pack, and every member
+    trains with its own lr; a width difference (not packable) makes a separate pack."""
+    from scaling_rl.sweep import toy
+
+    spec = parse_spec({"agent": "toy", "out_dir": str(tmp_path / "s"), "seeds": 2, "pack": True,
+                       "grid": {"seed": [0, 1], "lr": [1e-3, 1e-2], "width": [4, 9]}})
+    run_sweep(spec, workers=0, progress=False)
+    store = Store(spec.out_dir)
+    packs = {}
+    for t in spec.trials:
+        packs.setdefault(store.status(t.id)["packed_in"], []).append(t)
+    assert sorted(len(m) for m in packs.values()) == [4, 4]
+    for members in packs.values():
+        assert len({m.config["width"] for m in members}) == 1
+        assert {m.config["lr"] for m in members} == {1e-3, 1e-2}
+        for m in members:
+            assert store.status(m.id)["state"] == "done"
+            cfg_json = json.loads((store.trial_dir(m.id) / "config.json").read_text())
+            df = rows_are_complete(store, m.id)
+            offset, first = cfg_json["pack_seed_offset"], min(x.seed for x in members)
+            want = [toy.curve(toy.Config.from_dict(m.config), first + offset + s, c)
+                    for s, c in zip(df["seed"], df["chunk"])]
+            np.testing.assert_allclose(df["episode_return"], want)

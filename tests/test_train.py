@@ -360,3 +360,47 @@ def test_cli_real_agent_bad_input(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and "\n" not in err, err
     assert not out.exists()
+
+
+def test_seed_configs_give_each_seed_its_own_learning_rate(tmp_path):
+    """Packing η: seed i of a run with per-seed configs is exactly seed i of a plain run with that
+    seed's config (same root seed): one program, different optimiser state. Resume keeps them."""
+    lrs = (3e-3, 3e-4)
+    cfgs = [_tiny_dqn(lr=lr, weight_decay=wd) for lr, wd in zip(lrs, (0.0, 1e-2))]
+    packed = train.run("dqn", cfgs[0], tmp_path / "packed", seeds=2, progress=False, seed_configs=cfgs)
+    record = json.loads((tmp_path / "packed" / "config.json").read_text())
+    assert record["seed_hparams"] == [{"lr": 3e-3, "weight_decay": 0.0}, {"lr": 3e-4, "weight_decay": 1e-2}]
+    state = train.load_state(tmp_path / "packed")[0]
+    np.testing.assert_allclose(state.learner["opt"].hyperparams["learning_rate"], lrs, rtol=1e-6)
+    alone = train.run("dqn", cfgs[1], tmp_path / "alone", seeds=2, progress=False)
+    pd.testing.assert_frame_equal(_data_columns(packed[packed.seed == 1]).reset_index(drop=True),
+                                  _data_columns(alone[alone.seed == 1]).reset_index(drop=True),
+                                  check_exact=True)
+    # seed 0 trained with its own lr and weight decay, so it differs from seed 0 of that run
+    assert not np.array_equal(packed[packed.seed == 0]["loss/critic"].to_numpy(),
+                              alone[alone.seed == 0]["loss/critic"].to_numpy())
+
+    # resume from checkpoint 2 reproduces the packed run bitwise (the values are in the state)
+    shutil.rmtree(tmp_path / "packed" / "checkpoints" / "3")
+    (tmp_path / "packed" / "status.json").write_text('{"status": "running"}')
+    again = train.run("dqn", cfgs[0], tmp_path / "packed", seeds=2, progress=False, seed_configs=cfgs)
+    pd.testing.assert_frame_equal(_data_columns(again), _data_columns(packed), check_exact=True)
+    # other per-seed values are a different run
+    with pytest.raises(train.ConfigError, match="different run.*seed_hparams"):
+        train.run("dqn", cfgs[0], tmp_path / "packed", seeds=2, progress=False, seed_configs=cfgs[::-1])
+
+
+@pytest.mark.parametrize("configs, message", [
+    (lambda: [_tiny_dqn(), _tiny_dqn(width=32)], r"seed_configs\[1\]: differs from cfg outside lr, weight_decay \(width"),
+    (lambda: [_tiny_dqn()], "expected a list of 2 configs"),
+    (lambda: [{"lr": -1.0}, {}], r"seed_configs\[0\]: lr: must be > 0"),
+])
+def test_seed_configs_bad_input_is_one_line_and_writes_nothing(tmp_path, configs, message):
+    with pytest.raises(train.ConfigError, match=message) as e:
+        train.run("dqn", _tiny_dqn(), tmp_path / "run", seeds=2, progress=False, seed_configs=configs())
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_seed_configs_need_a_packable_agent(tmp_path):
+    with pytest.raises(train.ConfigError, match="no per-seed hyper-parameters"):
+        train.run(TOY, ToyConfig(), tmp_path / "run", seeds=1, progress=False, seed_configs=[ToyConfig()])

@@ -69,22 +69,17 @@ def kernel_mask(params: Any) -> Any:
     return jax.tree.map(lambda x: jnp.ndim(x) >= 2, params)
 
 
-def make_optimizer(lr: float, weight_decay: float = 0.0, max_grad_norm: float = 0.0,
-                   decay_all: bool = False, flat: bool = True) -> optax.GradientTransformation:
-    """AdamW (decoupled weight decay on weight matrices only, unless `decay_all`), preceded by
-    global-norm gradient clipping when `max_grad_norm` > 0. `lr` may be a float or a traced array.
-
-    `flat=True` runs the whole optimiser on one concatenated parameter vector (same numbers as
-    `optax.adamw`; tests/test_sac.py checks): a few big fused loops instead of ~10 small ones per
-    parameter leaf, which cuts XLA compile time of an update by a third and is faster on CPU.
-    """
+def _adamw(learning_rate, weight_decay, max_grad_norm: float, decay_all: bool,
+           flat: bool) -> optax.GradientTransformation:
+    """The optimiser `make_optimizer` wraps (learning_rate and weight_decay may be traced)."""
     parts = []
     if max_grad_norm and max_grad_norm > 0:
         parts.append(optax.clip_by_global_norm(max_grad_norm))
     if not flat:
-        parts.append(optax.adamw(lr, weight_decay=weight_decay, mask=None if decay_all else kernel_mask))
+        parts.append(optax.adamw(learning_rate, weight_decay=weight_decay,
+                                 mask=None if decay_all else kernel_mask))
         return optax.chain(*parts)
-    parts += [optax.scale_by_adam(), optax.scale_by_learning_rate(lr)]
+    parts += [optax.scale_by_adam(), optax.scale_by_learning_rate(learning_rate)]
     inner = optax.chain(*parts)
 
     def decay_vector(params):
@@ -99,11 +94,62 @@ def make_optimizer(lr: float, weight_decay: float = 0.0, max_grad_norm: float = 
         flat_grads, unravel = jax.flatten_util.ravel_pytree(grads)
         flat_params = jax.flatten_util.ravel_pytree(params)[0]
         updates, state = inner.update(flat_grads, state, flat_params)
-        if weight_decay:
-            updates = updates - lr * weight_decay * decay_vector(params) * flat_params
+        # always present (x - 0 == x), so one program serves any weight decay, zero included
+        updates = updates - learning_rate * weight_decay * decay_vector(params) * flat_params
         return unravel(updates), state
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def make_optimizer(lr: float, weight_decay: float = 0.0, max_grad_norm: float = 0.0,
+                   decay_all: bool = False, flat: bool = True) -> optax.GradientTransformation:
+    """AdamW (decoupled weight decay on weight matrices only, unless `decay_all`), preceded by
+    global-norm gradient clipping when `max_grad_norm` > 0. `lr` may be a float or a traced array.
+
+    The learning rate and weight decay are optimiser *state* (`optax.inject_hyperparams`, keys
+    `learning_rate`, `weight_decay`), not constants of the program: `set_hyperparams` changes them
+    per seed, which is how trials that differ only in η share one vmapped program (sweep packing).
+
+    `flat=True` runs the whole optimiser on one concatenated parameter vector (same numbers as
+    `optax.adamw`; tests/test_sac.py checks): a few big fused loops instead of ~10 small ones per
+    parameter leaf, which cuts XLA compile time of an update by a third and is faster on CPU.
+    """
+    factory = optax.inject_hyperparams(_adamw, static_args=("max_grad_norm", "decay_all", "flat"))
+    return factory(learning_rate=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                   decay_all=decay_all, flat=flat)
+
+
+def _adam(learning_rate) -> optax.GradientTransformation:
+    return optax.adam(learning_rate)  # b1, b2, eps stay Python constants (as in optax.adam)
+
+
+def make_adam(lr: float) -> optax.GradientTransformation:
+    """Plain Adam with only its learning rate in the optimiser state (see `make_optimizer`)."""
+    return optax.inject_hyperparams(_adam)(learning_rate=lr)
+
+
+def _is_injected(x) -> bool:
+    return isinstance(x, optax.InjectStatefulHyperparamsState)
+
+
+def set_hyperparams(opt_state: Any, **values) -> Any:
+    """`opt_state` (of `make_optimizer` / `make_adam`) with hyper-parameters replaced, e.g.
+    `set_hyperparams(s, learning_rate=1e-3)`; values keep the stored dtype. Unknown names raise."""
+    if not _is_injected(opt_state):
+        raise TypeError(f"set_hyperparams: not an inject_hyperparams state: {type(opt_state).__name__}")
+    hp = dict(opt_state.hyperparams)
+    for name, value in values.items():
+        if name not in hp:
+            raise KeyError(f"set_hyperparams: {name!r} is not one of {sorted(hp)}")
+        hp[name] = jnp.asarray(value, hp[name].dtype).reshape(hp[name].shape)
+    return opt_state._replace(hyperparams=hp)
+
+
+def copy_hyperparams(dst: Any, src: Any) -> Any:
+    """`dst` with every injected optimiser state's hyper-parameters taken from the same place in
+    `src` (same structure), e.g. to keep packed per-seed learning rates across a learner reset."""
+    return jax.tree.map(lambda d, s: d._replace(hyperparams=s.hyperparams) if _is_injected(d) else d,
+                        dst, src, is_leaf=_is_injected)
 
 
 def polyak_update(target: Any, online: Any, tau: float) -> Any:
@@ -376,6 +422,8 @@ class Algorithm(NamedTuple):
     update: Callable[[Any, dict, jax.Array], tuple[Any, dict]]      # one gradient step
     td_error: Callable[[Any, dict, jax.Array], jax.Array]           # mean squared TD error on a batch
     diagnostics: Callable[[Any], dict]                              # param_norm etc.
+    # (learner, {name: scalar}) -> learner with those optimiser hyper-parameters (`PACKABLE` names)
+    set_hparams: Callable[[Any, dict], Any] | None = None
 
 
 @flax.struct.dataclass
@@ -409,6 +457,9 @@ class Agent(NamedTuple):
     param_count: int
     update: Callable       # (learner, batch, key) -> (learner, metrics): one gradient step
     env_spec: Any
+    # (state, {name: scalar}) -> state whose optimisers use those hyper-parameters (the agent
+    # module's `PACKABLE` names; values from its `hparams(cfg)`); None: nothing is packable
+    set_hparams: Callable | None = None
 
 
 def _transition(obs, action, ts) -> dict:
@@ -525,7 +576,9 @@ def build_agent(cfg: BaseConfig, algo: Algorithm, param_count: int, env_spec=Non
         if cfg.reset_every:
             crossed = (state.grad_steps // cfg.reset_every) > (old_grad_steps // cfg.reset_every)
             rng, k_reset = jax.random.split(state.rng)
-            learner = jax.lax.cond(crossed, lambda: algo.init(k_reset), lambda: state.learner)
+            # a reset keeps the (possibly per-seed, packed) optimiser hyper-parameters
+            learner = jax.lax.cond(crossed, lambda: copy_hyperparams(algo.init(k_reset), state.learner),
+                                   lambda: state.learner)
             state = state.replace(learner=learner, rng=rng)
         metrics = jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
         return state, (jnp.sum(ret_sum), jnp.sum(n_done), metrics)
@@ -554,8 +607,14 @@ def build_agent(cfg: BaseConfig, algo: Algorithm, param_count: int, env_spec=Non
                                      obs_stats)
         return {"eval_return": jnp.mean(rets), "eval_return_std": jnp.std(rets)}
 
+    set_hparams = None
+    if algo.set_hparams is not None:
+        def set_hparams(state: TrainState, hp: dict) -> TrainState:
+            return state.replace(learner=algo.set_hparams(state.learner, hp))
+
     return Agent(init=init, chunk=chunk, evaluate=evaluate, num_chunks=cfg.num_chunks,
-                 param_count=int(param_count), update=algo.update, env_spec=spec)
+                 param_count=int(param_count), update=algo.update, env_spec=spec,
+                 set_hparams=set_hparams)
 
 
 def make_train_from_agent(agent: Agent) -> Callable[[jax.Array], tuple[TrainState, dict]]:

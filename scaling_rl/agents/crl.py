@@ -343,7 +343,7 @@ def make(cfg: Config, mesh=None, *, encoder_cls=None, actor_cls=None) -> common.
     sa_net = encoder_cls(encoder_backbone(cfg), cfg.repr_dim)
     g_net = encoder_cls(encoder_backbone(cfg), cfg.repr_dim)
     actor_net = actor_cls(actor_backbone(cfg), a_dim)
-    optimizer = optax.adam(cfg.lr)
+    optimizer = common.make_adam(cfg.lr)  # lr in the optimiser state: packable per seed
     example_step = {"state": jnp.zeros((s_dim,)), "action": jnp.zeros((a_dim,)), "achieved": jnp.zeros((g_dim,))}
 
     def init_params(key):
@@ -465,8 +465,22 @@ def make(cfg: Config, mesh=None, *, encoder_cls=None, actor_cls=None) -> common.
         return rollout_metrics(eval_env, lambda obs, k: policy(actor, obs, jnp.zeros(obs.shape[:-1] + (a_dim,)))[0],
                                key)
 
+    def set_hparams(state: TrainState, hp: dict) -> TrainState:
+        opt_state = common.set_hyperparams(state.learner.opt_state, learning_rate=hp["lr"])
+        return state.replace(learner=state.learner.replace(opt_state=opt_state))
+
     return common.Agent(init=init, chunk=chunk, evaluate=evaluate, num_chunks=cfg.num_chunks,
-                        param_count=int(encoder_params), update=update, env_spec=spec)
+                        param_count=int(encoder_params), update=update, env_spec=spec,
+                        set_hparams=set_hparams)
+
+
+# Config fields that live in the optimiser state (see sac.PACKABLE).
+PACKABLE = ("lr",)
+
+
+def hparams(cfg: Config) -> dict[str, float]:
+    """The `PACKABLE` values a run of `cfg` puts in its optimiser state."""
+    return {"lr": float(cfg.lr)}
 
 
 def rollout_metrics(env, act_fn, key: jax.Array) -> dict:

@@ -87,6 +87,15 @@ def double_q_target(reward, discount, q_next_online, q_next_target, double: bool
     return reward + discount * jnp.take_along_axis(q_next_target, best[:, None], axis=-1)[:, 0]
 
 
+# Config fields that live in the optimiser state (see sac.PACKABLE).
+PACKABLE = ("lr", "weight_decay")
+
+
+def hparams(cfg: Config) -> dict[str, float]:
+    """The `PACKABLE` values a run of `cfg` puts in its optimiser state."""
+    return {"lr": float(cfg.lr), "weight_decay": float(cfg.weight_decay)}
+
+
 def make(cfg: Config, mesh=None) -> common.Agent:
     """Build the DQN agent; `mesh` (or `cfg.data_parallel`) turns on the shard_map'd update."""
     if not isinstance(cfg, Config):
@@ -149,8 +158,12 @@ def make(cfg: Config, mesh=None) -> common.Agent:
     def diagnostics(learner):
         return {"param_norm": common.global_norm(learner["q"])}
 
+    def set_hparams(learner, hp):
+        return {**learner, "opt": common.set_hyperparams(learner["opt"], learning_rate=hp["lr"],
+                                                         weight_decay=hp["weight_decay"])}
+
     algo = common.Algorithm(init=init_learner, act=act, act_eval=act_eval, update=update,
-                            td_error=td_error, diagnostics=diagnostics)
+                            td_error=td_error, diagnostics=diagnostics, set_hparams=set_hparams)
     agent = common.build_agent(cfg, algo, param_count(cfg, spec.obs_dim, spec.num_actions), spec)
     chunk = agent.chunk
 

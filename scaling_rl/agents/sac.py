@@ -37,6 +37,10 @@ from scaling_rl.agents import common
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
+# Config fields that live in the optimiser states (not in the program): trials differing only in
+# these (and the seed) can share one vmapped program (sweep packing; train.run(seed_configs=...)).
+PACKABLE = ("lr", "actor_lr", "alpha_lr", "weight_decay")
+
 
 @dataclasses.dataclass(frozen=True)
 class Config(common.BaseConfig):
@@ -146,7 +150,7 @@ def make(cfg: Config, mesh=None) -> common.Agent:
     target_entropy = -float(act_dim) if cfg.target_entropy is None else float(cfg.target_entropy)
     critic_opt = common.make_optimizer(cfg.lr, cfg.weight_decay, cfg.max_grad_norm)
     actor_opt = common.make_optimizer(cfg.actor_lr or cfg.lr, cfg.weight_decay, cfg.max_grad_norm)
-    alpha_opt = optax.adam(cfg.alpha_lr)
+    alpha_opt = common.make_adam(cfg.alpha_lr)
     agg = cfg.critic_agg
 
     def critic_apply(params, obs, action):  # -> (num_critics, B)
@@ -230,9 +234,24 @@ def make(cfg: Config, mesh=None) -> common.Agent:
         return {"param_norm": common.global_norm(learner["critic"]),
                 "param_norm/actor": common.global_norm(learner["actor"])}
 
+    def set_hparams(learner, hp):
+        opt = learner["opt"]
+        opt = {"critic": common.set_hyperparams(opt["critic"], learning_rate=hp["lr"],
+                                                weight_decay=hp["weight_decay"]),
+               "actor": common.set_hyperparams(opt["actor"], learning_rate=hp["actor_lr"],
+                                               weight_decay=hp["weight_decay"]),
+               "alpha": common.set_hyperparams(opt["alpha"], learning_rate=hp["alpha_lr"])}
+        return {**learner, "opt": opt}
+
     algo = common.Algorithm(init=init_learner, act=act, act_eval=act_eval, update=update,
-                            td_error=td_error, diagnostics=diagnostics)
+                            td_error=td_error, diagnostics=diagnostics, set_hparams=set_hparams)
     return common.build_agent(cfg, algo, param_count(cfg, obs_dim, act_dim), spec)
+
+
+def hparams(cfg: Config) -> dict[str, float]:
+    """The `PACKABLE` values a run of `cfg` puts in its optimiser states (actor_lr None -> lr)."""
+    return {"lr": float(cfg.lr), "actor_lr": float(cfg.actor_lr or cfg.lr),
+            "alpha_lr": float(cfg.alpha_lr), "weight_decay": float(cfg.weight_decay)}
 
 
 def param_count(cfg: Config, obs_dim: int, action_dim: int) -> int:

@@ -1,12 +1,17 @@
-"""Packing: trials that differ only in their first `seed` run as ONE vmapped program.
+"""Packing: trials that differ only in their first `seed` and in shape-preserving
+hyper-parameters run as ONE vmapped program.
 
-The agents' hyper-parameters are static Config fields (closed over by `make`), so trials that
-differ in lr or another field cannot share a program; the seed axis is what train.run vmaps.
-A pack of k trials of n seeds each runs `train.run(seeds=k*n, seed=<first member's seed>)` in
-`<root>/packs/<pack id>/`; member j then receives pack seeds j*n .. j*n+n-1 (renumbered 0..n-1)
-as its metrics. A packed member is an equally valid, independent sample, but its random stream
-is not bit-identical to the same trial run alone (train.run derives seed i as
-fold_in(PRNGKey(seed), i)); its status records `packed_in`.
+Most Config fields are static (closed over by the agent's `make`: widths, UTD, batch...), but an
+agent module's `PACKABLE` fields (SAC: lr, actor_lr, alpha_lr, weight_decay; DQN: lr,
+weight_decay; CRL: lr) live in the optimiser states (`optax.inject_hyperparams`), so one program
+can give every seed its own values. Trials are grouped by their config minus those fields (the
+trial kind's `packable()`); a pack of k trials of n seeds each runs
+`train.run(seeds=k*n, seed=<first member's seed>, seed_configs=<member j's config for seeds
+j*n..j*n+n-1>)` in `<root>/packs/<pack id>/`, and member j receives pack seeds j*n .. j*n+n-1
+(renumbered 0..n-1) as its metrics. A packed member is an equally valid, independent sample, but
+its random stream is not bit-identical to the same trial run alone (train.run derives seed i as
+fold_in(PRNGKey(seed), i)); its status records `packed_in`. (Seed i of a pack with member configs
+equals seed i of `train.run` with that member's config and the same root seed: tests check it.)
 
 On divergence the members owning the bad seeds become `diverged` and the rest run alone later;
 on any other failure every member falls back to running alone (`no_pack`).
@@ -26,25 +31,29 @@ from scaling_rl.sweep.store import FINISHED, Store, _now
 MAX_PACK = 16
 
 
-def pack_key(trial) -> str:
-    return canonical_json({"agent": trial.agent, "config": trial.config, "seeds": trial.seeds})
+def pack_key(trial, packable: tuple = ()) -> str:
+    """What members of one pack share: everything but the seed and the `packable` fields."""
+    config = {k: v for k, v in trial.config.items() if k not in packable}
+    return canonical_json({"agent": trial.agent, "config": config, "seeds": trial.seeds})
 
 
 def groups(store: Store, tids) -> list[list[str]]:
-    """Unfinished trials grouped by everything but the seed (members sorted by seed)."""
+    """Unfinished trials grouped by everything but the seed and the packable hyper-parameters
+    (members sorted by config, then seed); trial kinds that cannot pack are left out."""
     by_key: dict[str, list] = defaultdict(list)
     for tid in tids:
         st = store.status(tid)
         if st.get("no_pack") or st.get("state") in (*FINISHED, "failed"):
             continue
         t = store.trial(tid)
-        if registry.get(t.agent).name not in ("sac", "dqn", "crl", "toy"):
+        kind = registry.get(t.agent)
+        if kind.packable is None:
             continue
-        by_key[pack_key(t)].append((t.seed, tid))
+        by_key[pack_key(t, tuple(kind.packable()))].append((canonical_json(t.config), t.seed, tid))
     out = []
     for members in by_key.values():
         members.sort()
-        ids = [tid for _, tid in members]
+        ids = [tid for *_, tid in members]
         out.extend(ids[i:i + MAX_PACK] for i in range(0, len(ids), MAX_PACK))
     return out
 
@@ -80,8 +89,11 @@ def run_pack(store: Store, group: list[str], opts) -> int:
         error = None
         n_params = None
         try:
+            extra = {}
+            if any(t.config != first.config for t in trials):  # per-seed hyper-parameters
+                extra["seed_configs"] = [t.config for t in trials for _ in range(n)]
             df = kind.run(first.config, str(pdir), n * len(claims), first.seed, wandb=False,
-                          checkpoint_every=opts.checkpoint_every)
+                          checkpoint_every=opts.checkpoint_every, **extra)
         except Exception as e:  # noqa: BLE001
             error = e
             (pdir / "error.txt").parent.mkdir(parents=True, exist_ok=True)

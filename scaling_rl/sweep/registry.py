@@ -24,12 +24,15 @@ class TrialKind:
     """What the sweep engine needs from an algorithm.
 
     config_cls: () -> the frozen Config dataclass (with `from_dict`).
-    run: (config: dict, out_dir: str, seeds: int, seed: int, *, wandb, checkpoint_every) -> DataFrame
+    run: (config: dict, out_dir: str, seeds: int, seed: int, *, wandb, checkpoint_every
+          [, seed_configs]) -> DataFrame
          resumable from out_dir; writes metrics.parquet; raises an exception named `Diverged`
-         (with `.step`) on a non-finite loss.
+         (with `.step`) on a non-finite loss. `seed_configs` (one config dict per seed) is passed
+         only to packing kinds, when packed trials differ in a `packable()` field.
     param_count: (config: dict) -> int | None, the parameter count N used in compute C.
     check: (config: dict) -> None, extra validation beyond the Config (e.g. env name known).
-    packable: run() may be called with several trials' seeds at once (see runner.run_pack).
+    packable: None if run() cannot take several trials at once; else () -> the config fields,
+         besides the seed, in which trials of one pack may differ (see sweep/packing.py).
     """
     name: str
     config_cls: Callable[[], type]
@@ -37,6 +40,7 @@ class TrialKind:
     param_count: Callable[[dict], Any] = lambda config: None
     check: Callable[[dict], None] = lambda config: None
     uses_jax: bool = True
+    packable: Callable[[], tuple] | None = None
 
 
 def known() -> list[str]:

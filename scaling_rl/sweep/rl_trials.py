@@ -27,18 +27,24 @@ def _param_count(agent: str, config: dict):
     return int(mod.make(mod.Config.from_dict(config)).param_count)
 
 
+def _packable(agent: str) -> tuple:
+    from scaling_rl import agents
+    return tuple(getattr(agents.get(agent), "PACKABLE", ()))
+
+
 def _run(agent: str, config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False,
-         checkpoint_every: int = 1):
+         checkpoint_every: int = 1, seed_configs=None):
     from scaling_rl import agents, train
     cfg = agents.get(agent).Config.from_dict(config)
     return train.run(agent, cfg, out_dir, seeds, seed=seed, wandb=wandb, progress=False,
-                     checkpoint_every=checkpoint_every)
+                     checkpoint_every=checkpoint_every, seed_configs=seed_configs)
 
 
 def _kind(agent: str) -> TrialKind:
     return TrialKind(name=agent, config_cls=functools.partial(_config_cls, agent),
                      run=functools.partial(_run, agent),
-                     param_count=functools.partial(_param_count, agent), check=_check)
+                     param_count=functools.partial(_param_count, agent), check=_check,
+                     packable=functools.partial(_packable, agent))
 
 
 SAC = _kind("sac")

@@ -34,7 +34,7 @@ class RunOptions:
     checkpoint_every: int = 1
     compile_cache: Any = False           # directory | False
     gpu_mem_fraction: float | None = None
-    pack_seeds: bool = False
+    pack: bool = False
 
 
 def one_line(e: BaseException) -> str:
@@ -186,7 +186,7 @@ def worker_loop(opts: RunOptions, index: int = 0, *, poll_s: float = 0.2) -> int
         if not todo:
             return ran
         progressed = False
-        if opts.pack_seeds:
+        if opts.pack:
             for group in packing.groups(store, todo):
                 if len(group) > 1:
                     n = packing.run_pack(store, group, opts)

@@ -13,7 +13,8 @@ A spec is plain YAML::
                                                          # mappings gives several zipped groups
     backend: {name: local, workers: 2, slurm: {...}, ray: {...}}
     wandb: false                     # or {project: ..., mode: offline|online}
-    pack_seeds: false                # pack trials that differ only in `seed` into one program
+    pack: false                      # trials differing only in seed / packable hyper-parameters
+                                     # (the agent's PACKABLE: lr, ...) run as one vmapped program
     checkpoint_every: 1              # chunks between checkpoints
 
 Axes may name any field of the agent's `Config`, plus `seed` (the first seed of a trial, so
@@ -37,7 +38,7 @@ import yaml
 from scaling_rl.sweep import registry
 
 TOP_KEYS = ("name", "agent", "out_dir", "description", "base", "grid", "zip", "seeds", "seed",
-            "env_steps", "backend", "wandb", "pack_seeds", "checkpoint_every", "compile_cache")
+            "env_steps", "backend", "wandb", "pack", "pack_seeds", "checkpoint_every", "compile_cache")
 BACKENDS = ("local", "slurm", "ray")
 BACKEND_KEYS = ("name", "workers", "gpu_mem_fraction", "slurm", "ray")
 SLURM_KEYS = ("partition", "time_min", "gpus_per_node", "cpus_per_task", "mem_gb",
@@ -81,7 +82,7 @@ class Spec:
     trials: tuple
     backend: dict
     wandb: Any
-    pack_seeds: bool
+    pack: bool
     checkpoint_every: int
     compile_cache: Any       # path (str) or False
     raw: dict                # the YAML as loaded (for the record)
@@ -313,9 +314,12 @@ def parse_spec(data: dict, *, source: str = "spec", base_dir: str | os.PathLike 
     elif not isinstance(wandb, bool):
         raise SpecError(f"wandb: expected true/false or a mapping with keys {', '.join(WANDB_KEYS)}")
 
-    pack = data.get("pack_seeds", False)
+    if "pack" in data and "pack_seeds" in data:
+        raise SpecError("pack_seeds: old name of `pack`; give only `pack`")
+    pack_key = "pack_seeds" if "pack_seeds" in data else "pack"
+    pack = data.get(pack_key, False)
     if not isinstance(pack, bool):
-        raise SpecError(f"pack_seeds: expected true or false, got {pack!r}")
+        raise SpecError(f"{pack_key}: expected true or false, got {pack!r}")
     ckpt = _int("checkpoint_every", data.get("checkpoint_every", 1), 1)
 
     out = data.get("out_dir") or f"runs/sweeps/{name}"
@@ -330,7 +334,7 @@ def parse_spec(data: dict, *, source: str = "spec", base_dir: str | os.PathLike 
     elif cache is not False and not isinstance(cache, str):
         raise SpecError(f"compile_cache: expected true, false or a directory, got {cache!r}")
     return Spec(name=name, agent=agent, out_dir=out_dir, trials=tuple(trials), backend=backend,
-                wandb=wandb, pack_seeds=pack, checkpoint_every=ckpt, compile_cache=cache, raw=data)
+                wandb=wandb, pack=pack, checkpoint_every=ckpt, compile_cache=cache, raw=data)
 
 
 def load_spec(path: str | os.PathLike, *, out_dir: str | os.PathLike | None = None) -> Spec:

@@ -71,11 +71,16 @@ def curve(cfg: Config, seed: int, chunk: int) -> float:
     return 100.0 * (1 - math.exp(-rate * steps)) + 0.1 * seed
 
 
-def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, checkpoint_every=1):
+def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, checkpoint_every=1,
+        seed_configs=None):
     import pandas as pd
     from scaling_rl.io import atomic_write_parquet
 
     cfg = Config.from_dict(config)
+    # packed trials may differ in lr (the toy's only packable field): seed s follows its own config
+    per_seed = [Config.from_dict(c) for c in seed_configs] if seed_configs else [cfg] * seeds
+    if len(per_seed) != seeds or any(dataclasses.replace(c, lr=cfg.lr) != cfg for c in per_seed):
+        raise ValueError("seed_configs: one config per seed, differing from config only in lr")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "executions.log", "a") as f:  # one small O_APPEND write per execution
@@ -92,8 +97,8 @@ def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, check
         if chunk == cfg.diverge_at_chunk:
             raise Diverged(steps)
         rows = [{"seed": s, "chunk": chunk, "env_steps": steps,
-                 "grad_steps": int(steps * cfg.utd), "episode_return": curve(cfg, seed + s, chunk),
-                 "eval_return": curve(cfg, seed + s, chunk), "loss/critic": 1.0 / (chunk + 1)}
+                 "grad_steps": int(steps * cfg.utd), "episode_return": curve(per_seed[s], seed + s, chunk),
+                 "eval_return": curve(per_seed[s], seed + s, chunk), "loss/critic": 1.0 / (chunk + 1)}
                 for s in range(seeds)]
         df = pd.concat([df, pd.DataFrame(rows)], ignore_index=True)
         if (chunk + 1) % checkpoint_every == 0 or chunk + 1 == cfg.num_chunks:
@@ -102,4 +107,5 @@ def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, check
 
 
 TOY = TrialKind(name="toy", config_cls=lambda: Config, run=run,
-                param_count=lambda c: int(c["width"]) ** 2 * int(c["depth"]), uses_jax=False)
+                param_count=lambda c: int(c["width"]) ** 2 * int(c["depth"]), uses_jax=False,
+                packable=lambda: ("lr",))
