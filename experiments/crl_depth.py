@@ -6,7 +6,8 @@ evaluation after the last chunk (`eval_time_at_goal`, `eval_success_any`). Write
   depth.md       table: depth, encoder params, time at goal and success (mean ± 95% t-CI over seeds)
   depth.png      both metrics vs depth (log2 axis) with the CIs
 
-CPU scale (point maze, minutes):   python experiments/crl_depth.py
+CPU scale (point big maze, 200-step episodes, depths 4 and 16, ~4 min on one core):
+                                    python experiments/crl_depth.py
 CI smoke (depths 4, 8; 2 seeds):    python experiments/crl_depth.py --tiny --out /tmp/crl_depth
 GPU scale (brax, paper settings):   python experiments/crl_depth.py --env goal/ant_u_maze \
     --depths 4,8,16,32,64 --seeds 3 --env-steps 50000000 --num-envs 512 --utd 0.025 \
@@ -27,7 +28,8 @@ from scaling_rl import io
 from scaling_rl.agents import crl
 
 # CI: two depths, two seeds, a budget in which CRL already learns the point U-maze (tests assert it)
-TINY = dict(depths="4,8", seeds=2, env_steps=1024 + 2 * 8192, buffer_rows=1024)
+TINY = dict(env="point_maze/u_maze", depths="4,8", seeds=2, env_steps=1024 + 2 * 8192, num_envs=32, utd=0.125,
+            episode_length=0, buffer_rows=1024)
 
 
 def mean_ci(x, level: float = 0.95) -> tuple[float, float]:
@@ -41,13 +43,26 @@ def mean_ci(x, level: float = 0.95) -> tuple[float, float]:
     return float(x.mean()), float(half)
 
 
-def run_depth(args, depth: int) -> dict:
+def study_config(args, depth: int) -> crl.Config:
     learning_starts = max(args.num_envs, (args.learning_starts // args.num_envs) * args.num_envs)
-    cfg = crl.Config(env=args.env, num_envs=args.num_envs, env_steps=args.env_steps,
-                     learning_starts=learning_starts, chunk_env_steps=args.chunk_env_steps, utd=args.utd,
-                     batch_size=args.batch_size, width=args.width, depth=depth, actor_width=args.width,
-                     actor_depth=args.actor_depth, repr_dim=args.repr_dim, eval_episodes=args.eval_episodes,
-                     episode_length=args.episode_length, buffer_size=args.num_envs * args.buffer_rows)
+    return crl.Config(env=args.env, num_envs=args.num_envs, env_steps=args.env_steps,
+                      learning_starts=learning_starts, chunk_env_steps=args.chunk_env_steps, utd=args.utd,
+                      batch_size=args.batch_size, width=args.width, depth=depth, actor_width=args.width,
+                      actor_depth=args.actor_depth or depth, repr_dim=args.repr_dim,
+                      eval_episodes=args.eval_episodes, episode_length=args.episode_length,
+                      buffer_size=args.num_envs * args.buffer_rows)
+
+
+def random_baseline(args) -> dict:
+    """The same deterministic-evaluation metrics under uniformly random actions (what learning must beat)."""
+    cfg = study_config(args, 4)
+    key = jax.random.PRNGKey(args.seed + 10_000)
+    m = jax.device_get(jax.jit(lambda k: crl.random_policy_metrics(cfg, k, max(cfg.eval_episodes, 256)))(key))
+    return {"time_at_goal": float(m["eval_time_at_goal"]), "success": float(m["eval_success_any"])}
+
+
+def run_depth(args, depth: int) -> dict:
+    cfg = study_config(args, depth)
     agent = crl.make(cfg)
     train = jax.jit(jax.vmap(crl.make_train(cfg)))
     keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(args.seed), i))(np.arange(args.seeds))
@@ -66,9 +81,11 @@ def run_depth(args, depth: int) -> dict:
     return out
 
 
-def table(results: list[dict], env: str, seeds: int) -> str:
+def table(results: list[dict], env: str, seeds: int, random: dict | None = None) -> str:
     lines = [f"CRL depth study on `{env}` ({seeds} seeds; mean ± 95% CI; final deterministic eval)", "",
              "| depth | encoder params | time at goal | success |", "|---:|---:|---:|---:|"]
+    if random is not None:
+        lines.append(f"| random policy | 0 | {random['time_at_goal']:.1f} | {random['success']:.2f} |")
     for r in results:
         t, s = mean_ci(r["time_at_goal"]), mean_ci(r["success"])
         lines.append(f"| {r['depth']} | {r['param_count']:,} | {t[0]:.1f} ± {t[1]:.1f} | {s[0]:.2f} ± {s[1]:.2f} |")
@@ -98,22 +115,22 @@ def plot(results: list[dict], path: Path, env: str) -> None:
 
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--env", default="point_maze/u_maze")
-    p.add_argument("--depths", default="4,8,16,32,64")
+    p.add_argument("--env", default="point_maze/big_maze")
+    p.add_argument("--depths", default="4,16")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--env-steps", type=int, default=1024 + 4 * 8192)
+    p.add_argument("--env-steps", type=int, default=1024 + 12 * 8192)
     p.add_argument("--learning-starts", type=int, default=1024)
-    p.add_argument("--num-envs", type=int, default=32)
+    p.add_argument("--num-envs", type=int, default=128)
     p.add_argument("--chunk-env-steps", type=int, default=8192)
-    p.add_argument("--utd", type=float, default=0.125)
+    p.add_argument("--utd", type=float, default=0.0625)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--width", type=int, default=64)
-    p.add_argument("--actor-depth", type=int, default=4)
+    p.add_argument("--actor-depth", type=int, default=4, help="0: the same as the encoder depth")
     p.add_argument("--repr-dim", type=int, default=16)
     p.add_argument("--eval-episodes", type=int, default=128)
-    p.add_argument("--episode-length", type=int, default=0, help="0: the env's own")
-    p.add_argument("--buffer-rows", type=int, default=2048, help="buffer steps kept per env")
+    p.add_argument("--episode-length", type=int, default=200, help="0: the env's own")
+    p.add_argument("--buffer-rows", type=int, default=1024, help="buffer steps kept per env")
     p.add_argument("--out", default="runs/crl_depth")
     p.add_argument("--tiny", action="store_true", help="seconds-sized smoke run (CI)")
     args = p.parse_args(argv)
@@ -122,11 +139,13 @@ def main(argv=None) -> list[dict]:
             setattr(args, k, v)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    random = random_baseline(args)
     results = [run_depth(args, int(d)) for d in args.depths.split(",")]
-    io.atomic_write_json(out / "results.json", {"env": args.env, "seeds": args.seeds, "results": results})
-    io.atomic_write_text(out / "depth.md", table(results, args.env, args.seeds))
+    io.atomic_write_json(out / "results.json", {"env": args.env, "seeds": args.seeds, "random_policy": random,
+                                                "results": results})
+    io.atomic_write_text(out / "depth.md", table(results, args.env, args.seeds, random))
     plot(results, out / "depth.png", args.env)
-    print(table(results, args.env, args.seeds))
+    print(table(results, args.env, args.seeds, random))
     return results
 
 

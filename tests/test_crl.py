@@ -161,7 +161,11 @@ def test_crl_learns_point_u_maze_far_above_random_and_depth_study_writes_outputs
     md = (tmp_path / "depth.md").read_text()
     assert md.count("\n| 4 |") == 1 and md.count("\n| 8 |") == 1 and "±" in md
     assert (tmp_path / "depth.png").read_bytes()[:4] == b"\x89PNG"
-    assert json.loads((tmp_path / "results.json").read_text())["seeds"] == 2
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["seeds"] == 2 and saved["env"] == "point_maze/u_maze"
+    # the script's own random-policy row: a 256-episode estimate of the baseline measured above
+    assert "\n| random policy | 0 |" in md
+    assert abs(saved["random_policy"]["success"] - float(rand["eval_success_any"])) < 0.15
     m, h = mod.mean_ci([1.0, 2.0, 3.0])
     assert m == 2.0 and h == pytest.approx(4.303 / 3 ** 0.5, rel=1e-3)
 

@@ -1,4 +1,4 @@
-"""Point-mass maze: layouts, walls, goal sampling, auto-reset, success, throughput."""
+"""Point-mass maze: layouts (snake corridor), walls, goal sampling, auto-reset, success, throughput."""
 import collections
 import time
 
@@ -16,20 +16,32 @@ def _free(walls, p):
     return ~walls[y, x]
 
 
+def _path_lengths(walls, start):
+    """Breadth-first cell distances from `start` (row, col) to every free cell it can reach."""
+    free = {tuple(c) for c in np.argwhere(~walls)}
+    dist, todo = {start: 0}, collections.deque([start])
+    while todo:
+        r, c = todo.popleft()
+        for n in ((r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)):
+            if n in free and n not in dist:
+                dist[n] = dist[(r, c)] + 1
+                todo.append(n)
+    return free, dist
+
+
 @pytest.mark.parametrize("layout", sorted(pm.LAYOUTS))
 def test_layouts_are_connected_and_walled(layout):
     walls = pm.layout_walls(layout)
     assert walls[0].all() and walls[-1].all() and walls[:, 0].all() and walls[:, -1].all()
-    free = {tuple(c) for c in np.argwhere(~walls)}
-    start = next(iter(free))
-    seen, todo = {start}, collections.deque([start])
-    while todo:
-        r, c = todo.popleft()
-        for n in ((r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)):
-            if n in free and n not in seen:
-                seen.add(n)
-                todo.append(n)
-    assert seen == free
+    free, dist = _path_lengths(walls, tuple(np.argwhere(~walls)[0]))
+    assert set(dist) == free
+
+
+def test_snake_maze_neighbours_across_a_wall_are_far_along_the_path():
+    free, dist = _path_lengths(pm.layout_walls("snake_maze"), (1, 1))
+    # one corridor of 39 cells: (row 1, col 1) and (row 3, col 1) are 2 apart in space, 18 along it
+    assert len(free) == 39 and max(dist.values()) == 38 and dist[(3, 1)] == 18
+    assert envs.make("point_maze/snake_maze", num_envs=2).spec.name == "point_maze/snake_maze"
 
 
 def test_registered_and_reset_in_free_distinct_cells():

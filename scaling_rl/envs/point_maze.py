@@ -10,8 +10,8 @@ goal = target position. Success = ||position - goal|| < `success_threshold`. The
 indicator, so `episode_return` is the paper's *time at goal*. Episodes never terminate, they truncate
 at `max_episode_steps` (as in the paper's brax tasks).
 
-Registered names: `point_maze/open`, `point_maze/u_maze`, `point_maze/big_maze` (more layouts: add a
-string to `LAYOUTS`).
+Registered names: `point_maze/open`, `point_maze/u_maze`, `point_maze/big_maze`, `point_maze/snake_maze`
+(more layouts: add a tuple of strings to `LAYOUTS`).
 """
 from __future__ import annotations
 
@@ -54,6 +54,19 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
         "#..#.#.#.#",
         "#....#...#",
         "##########",
+    ),
+    # a serpentine corridor: cells one wall apart can be ~20 cells apart along the path, so the
+    # critic's embedding must "unfold" the maze (the CPU-scale depth study's task)
+    "snake_maze": (
+        "###########",
+        "#.........#",
+        "#########.#",
+        "#.........#",
+        "#.#########",
+        "#.........#",
+        "#########.#",
+        "#.........#",
+        "###########",
     ),
 }
 
