@@ -2,12 +2,14 @@
 
 Every depth trains `--seeds` seeds in one vmapped program; the score of a seed is its deterministic
 evaluation after the last chunk (`eval_time_at_goal`, `eval_success_any`). Writes, under --out:
-  results.json   per-depth per-seed scores, per-chunk metric means over seeds, the config of each depth
-  depth.md       table: depth, encoder params, time at goal and success (mean ± 95% t-CI over seeds)
+  results.json   per-depth per-seed scores, per-chunk metric means over seeds, the config of each depth,
+                 and `random_policy` (the same evaluation under uniformly random actions)
+  depth.md       table: a random-policy row, then depth, encoder params, time at goal and success
+                 (mean ± 95% t-CI over seeds)
   depth.png      both metrics vs depth (log2 axis) with the CIs
 
-CPU scale (point big maze, 200-step episodes, depths 4 and 16, ~4 min on one core):
-                                    python experiments/crl_depth.py
+CPU scale (point big maze, 200-step episodes, depths 4 and 16, ~4 min on one core; both learn,
+with no depth effect at this budget, see README):   python experiments/crl_depth.py
 CI smoke (depths 4, 8; 2 seeds):    python experiments/crl_depth.py --tiny --out /tmp/crl_depth
 GPU scale (brax, paper settings):   python experiments/crl_depth.py --env goal/ant_u_maze \
     --depths 4,8,16,32,64 --seeds 3 --env-steps 50000000 --num-envs 512 --utd 0.025 \
