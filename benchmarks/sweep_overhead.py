@@ -10,7 +10,7 @@ start, JAX import, claims and status writes are all counted. Lines printed:
     real_trial_overhead_s=<wall_s - run_s of a real trial: claim, status, param count>
     cold_compile_s=... warm_compile_s=...   (train.run's startup_s: init + lower + compile)
     cold_trial_s=...   warm_trial_s=...     (the whole trial, fresh process each)
-    one_by_one_s=...   packed_s=...         (K trials differing only in seed)
+    one_by_one_s=...   packed_s=...         (K trials differing in seed and learning rate)
     packed_speedup=<one_by_one_s / packed_s>
     warm_start_speedup=<cold_compile_s / warm_compile_s>     (final line)
 """
@@ -65,7 +65,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agent", default="dqn")
     ap.add_argument("--env", default="gymnax/CartPole-v1")
-    ap.add_argument("--trials", type=int, default=4, help="K trials for packed vs one-by-one")
+    ap.add_argument("--trials", type=int, default=4,
+                    help="K trials for packed vs one-by-one (K/2 seeds x 2 learning rates; K even)")
     ap.add_argument("--env-steps", type=int, default=2000)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--toy-trials", type=int, default=20)
@@ -110,18 +111,23 @@ def main(argv=None) -> None:
         print(f"cold_trial_s={cold['wall_s']:.2f} warm_trial_s={warm['wall_s']:.2f} "
               f"trial_speedup={cold['wall_s'] / warm['wall_s']:.2f}", flush=True)
 
-        # 3. packed vs one-by-one: K trials differing only in seed (each with its own cold cache)
-        seeds = list(range(args.trials))
-        t_one = sweep(tmp, "one", {**real, "out_dir": str(tmp / "one"), "grid": {"seed": seeds},
+        # 3. packed vs one-by-one: K trials differing in seed and η (each sweep with its own cold
+        # cache); packed, they are one program whose seeds carry their own learning rates
+        grid = {"seed": list(range(max(1, args.trials // 2))), "lr": [1e-3, 3e-4][:max(1, min(2, args.trials))]}
+        t_one = sweep(tmp, "one", {**real, "out_dir": str(tmp / "one"), "grid": grid,
                                    "compile_cache": str(tmp / "cache_one")})
-        t_pack = sweep(tmp, "pack", {**real, "out_dir": str(tmp / "pack"), "grid": {"seed": seeds},
+        t_pack = sweep(tmp, "pack", {**real, "out_dir": str(tmp / "pack"), "grid": grid,
                                      "pack": True, "compile_cache": str(tmp / "cache_pack")})
+        packs = {s.get("packed_in") for s in statuses(tmp / "pack")}
+        if len(packs) != 1 or None in packs:
+            raise SystemExit(f"pack: expected all trials in one pack, got {packs}")
         one = sorted(statuses(tmp / "one"), key=lambda s: s["started"])
         if len(one) > 1:  # later trials of one worker: warm cache and a warm process
             later = sum(startup_s(s) for s in one[1:]) / (len(one) - 1)
             print(f"in_worker_cold_startup_s={startup_s(one[0]):.2f} in_worker_warm_startup_s={later:.2f} "
                   f"in_worker_warm_start_speedup={startup_s(one[0]) / later:.2f}")
-        print(f"one_by_one_s={t_one:.2f} packed_s={t_pack:.2f} trials={args.trials}")
+        n_trials = len(grid["seed"]) * len(grid["lr"])
+        print(f"one_by_one_s={t_one:.2f} packed_s={t_pack:.2f} trials={n_trials} (seeds x lr {grid})")
         print(f"packed_speedup={t_one / t_pack:.2f}")
         print(f"warm_start_speedup={cc / wc:.2f}")
     finally:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from scaling_rl import io
+from scaling_rl import io, program_cache
 
 # Columns that depend on the machine and load, not on the computation (excluded from resume checks).
 TIME_COLUMNS = ("wall_time", "chunk_time", "eval_time", "env_steps_per_s")
@@ -448,19 +448,38 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
 
     root = jax.random.PRNGKey(seed)
     seed_keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(seeds, dtype=np.uint32))
+    # traced programs are cached next to the persistent compilation cache (when one is set):
+    # a warm trial skips tracing and lowering as well as XLA compilation
+    cache_dir = program_cache.default_dir() if _program_cacheable(agent_name, cfg) else None
+    key = {"agent": agent_name, "config": _config_dict(cfg), "seeds": seeds,
+           "hparams": sorted(seed_hparams[0]) if seed_hparams else None}
+    # PACKABLE values live in the optimiser state, so chunk and eval do not depend on them (that
+    # is what lets packed trials share one program); init writes them into that state
+    packable = getattr(agent_module(agent_name), "PACKABLE", ()) or ()
+    run_key = {**key, "config": {k: v for k, v in key["config"].items() if k not in packable}}
     if seed_hparams is None:
-        init_fn = jax.jit(jax.vmap(lambda k: _strip_weak_types(agent.init(k))))
+        init_args = (seed_keys,)
+        init_one = jax.vmap(lambda k: _strip_weak_types(agent.init(k)))
     else:  # each seed's optimisers get its own hyper-parameters right after init
         hp = {k: np.asarray([h[k] for h in seed_hparams], np.float32) for k in seed_hparams[0]}
+        init_args = (seed_keys, hp)
         init_one = jax.vmap(lambda k, h: _strip_weak_types(agent.set_hparams(agent.init(k), h)))
-        init_fn = jax.jit(lambda keys: init_one(keys, hp))
+    init_prog = program_cache.prepare(init_one, init_args, key={**key, "program": "init"},
+                                      cache_dir=cache_dir)
 
     def chunk_one(state):
         state, metrics = agent.chunk(state)
         return _strip_weak_types(state), metrics
 
-    chunk_fn = jax.jit(jax.vmap(chunk_one), donate_argnums=0)
-    eval_fn = jax.jit(jax.vmap(agent.evaluate)) if do_eval else None
+    programs = {"init": init_prog}
+
+    def run_eval(state, keys):
+        if "eval" not in programs:
+            programs["eval"] = program_cache.prepare(jax.vmap(agent.evaluate), (state, keys),
+                                                     key={**run_key, "program": "eval"}, cache_dir=cache_dir)
+        return programs["eval"](state, keys)
+
+    eval_fn = run_eval if do_eval else None
 
     def eval_keys(chunk: int):
         stream = jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, _EVAL_STREAM), chunk))
@@ -478,17 +497,18 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
             raise ConfigError(f"out: checkpoint at chunk {start} is past the run's {num_chunks} chunks")
         state = None
         if start:
-            abstract = jax.eval_shape(init_fn, seed_keys)
-            state, meta = ckpt.restore(start, abstract)
+            state, meta = ckpt.restore(start, init_prog.out_abstract)
             rows = [dict(r) for r in meta["rows"]]
             wall_offset = float(meta.get("wall_time", 0.0))
         io.atomic_write_json(status_path, {"status": "running", "chunk": start, "num_chunks": num_chunks})
         if start < num_chunks:
             if state is None:
-                state = init_fn(seed_keys)
+                state = init_prog(*init_args)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
-                compiled = chunk_fn.lower(state).compile()
+                compiled = program_cache.prepare(jax.vmap(chunk_one), (state,), key={**run_key, "program": "chunk"},
+                                                 cache_dir=cache_dir, donate=True).compile_now()
+            programs["chunk"] = compiled
             startup_s = time.perf_counter() - t_start
             if wandb_opts:
                 logger = WandbLogger(wandb_opts, out_dir=str(out), agent=agent_name,
@@ -557,7 +577,8 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
             io.atomic_write_parquet(metrics_path, df)
         _try_plot(df, out / "curve.png", title)
         summary = _summary(df, {"param_count": int(agent.param_count), "seeds": seeds,
-                                "startup_s": startup_s})
+                                "startup_s": startup_s,
+                                "program_cache": {k: p.status for k, p in programs.items()}})
         io.atomic_write_json(status_path, {"status": "done", "chunk": num_chunks,
                                            "num_chunks": num_chunks, "summary": summary})
         if logger is not None:
@@ -583,6 +604,13 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
                 ckpt.close()
             except Exception:  # noqa: BLE001 - keep the original error
                 pass
+
+
+def _program_cacheable(agent_name: str, cfg) -> bool:
+    """Traced programs are cached only for built-in agents (the cache's fingerprint hashes the
+    scaling_rl source, not a user's module) and single-program (not data-parallel) runs."""
+    mod = agent_module(agent_name).__name__
+    return mod.startswith("scaling_rl.") and not getattr(cfg, "data_parallel", False)
 
 
 def _nanmean(values) -> float:

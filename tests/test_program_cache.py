@@ -1,0 +1,123 @@
+"""The traced-program cache (`scaling_rl.program_cache`): a warm trial loads its programs instead of
+tracing them, gets bitwise the same results, and any stale, torn or foreign entry is a miss."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scaling_rl import program_cache
+
+
+class Pair(NamedTuple):
+    w: jax.Array
+    count: jax.Array
+
+
+def step(state: Pair, batch: dict):
+    w = state.w - 0.1 * batch["x"].T @ (batch["x"] @ state.w - batch["y"])
+    return Pair(w, state.count + 1), {"loss": jnp.mean((batch["x"] @ w - batch["y"]) ** 2)}
+
+
+def args():
+    rng = np.random.default_rng(0)
+    return (Pair(jnp.zeros((3,)), jnp.zeros((), jnp.int32)),
+            {"x": jnp.asarray(rng.normal(size=(8, 3)), jnp.float32),
+             "y": jnp.asarray(rng.normal(size=(8,)), jnp.float32)})
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+def test_miss_then_hit_gives_the_same_pytrees_and_donates(tmp_path):
+    want = jax.jit(step)(*args())
+    first = program_cache.prepare(step, args(), key={"k": 1}, cache_dir=tmp_path)
+    assert first.status == "miss" and len(list(tmp_path.glob("*.pkl"))) == 1
+    assert first.out_abstract[0].w.shape == (3,) and first.out_abstract[1]["loss"].dtype == jnp.float32
+    second = program_cache.prepare(step, args(), key={"k": 1}, cache_dir=tmp_path, donate=True)
+    assert second.status == "hit"
+    for prog in (first, second):
+        got = prog(*args())
+        assert isinstance(got[0], Pair) and int(got[0].count) == 1
+        np.testing.assert_array_equal(got[0].w, want[0].w)
+        np.testing.assert_array_equal(got[1]["loss"], want[1]["loss"])
+    state, batch = args()
+    second(state, batch)
+    assert state.w.is_deleted()  # donated: the caller's buffers were handed to the program
+    assert program_cache.prepare(step, args(), key={"k": 2}, cache_dir=tmp_path).status == "miss"
+    assert len(list(tmp_path.glob("*.pkl"))) == 2
+
+
+def test_torn_or_mismatched_entries_are_misses_and_get_rewritten(tmp_path):
+    program_cache.prepare(step, args(), key="torn", cache_dir=tmp_path)
+    (entry,) = tmp_path.glob("*.pkl")
+    entry.write_bytes(entry.read_bytes()[:100])  # a torn / foreign file
+    prog = program_cache.prepare(step, args(), key="torn", cache_dir=tmp_path)
+    assert prog.status == "miss"
+    assert program_cache.prepare(step, args(), key="torn", cache_dir=tmp_path).status == "hit"
+    # same key, other argument structure (a caller bug): never run a program for other inputs
+    state, batch = args()
+    other = (state, {**batch, "extra": jnp.zeros(2)})
+    assert program_cache.prepare(lambda s, b: step(s, {"x": b["x"], "y": b["y"]}), other, key="torn",
+                                 cache_dir=tmp_path).status == "miss"
+
+
+def test_switch_off_and_no_cache_dir(monkeypatch):
+    assert program_cache.prepare(step, args()).status == "off"
+    base = jax.config.jax_compilation_cache_dir  # the suite sets one (conftest)
+    assert base and program_cache.default_dir() == Path(base) / "programs"
+    monkeypatch.setenv("SCALING_RL_PROGRAM_CACHE", "0")
+    assert program_cache.default_dir() is None
+
+
+def test_fingerprint_hashes_the_package_source():
+    fp = program_cache.fingerprint()
+    assert len(fp) == 64 and fp == program_cache.fingerprint()
+    assert program_cache.key_digest({"a": 1}) != program_cache.key_digest({"a": 2})
+
+
+RUN = textwrap.dedent("""
+    import json, sys
+    from scaling_rl.sweep.runner import enable_compile_cache
+    enable_compile_cache(sys.argv[1])
+    from scaling_rl import train
+    cfg = {"env": "gymnax/CartPole-v1", "width": 16, "depth": 1, "batch_size": 32,
+           "learning_starts": 100, "chunk_env_steps": 200, "eval_episodes": 2, "buffer_size": 1000,
+           "env_steps": 400, "lr": float(sys.argv[3])}
+    df = train.run("dqn", cfg, out_dir=sys.argv[2], seeds=2, seed=0, progress=False)
+    summary = json.load(open(sys.argv[2] + "/status.json"))["summary"]
+    print(json.dumps({"cache": summary["program_cache"],
+                      "loss": df["loss/critic"].tolist(), "eval": df["eval_return"].fillna(-1).tolist()}))
+""")
+
+
+@pytest.mark.slow
+def test_a_warm_trial_loads_its_programs_with_bitwise_equal_results(tmp_path):
+    """Fresh processes, like sweep workers: cold, warm (all hits), another η (init traced, chunk
+    and eval loaded: η lives in the optimiser state) against the same run with the cache off."""
+    script = tmp_path / "run.py"
+    script.write_text(RUN)
+
+    def run(name, lr, **env):
+        import os
+        proc = subprocess.run([sys.executable, str(script), str(tmp_path / "cache"), str(tmp_path / name),
+                               str(lr)], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, **env})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    cold, warm = run("a", 1e-3), run("b", 1e-3)
+    assert set(cold["cache"].values()) == {"miss"} and set(warm["cache"].values()) == {"hit"}
+    assert warm["loss"] == cold["loss"] and warm["eval"] == cold["eval"]
+    other = run("c", 3e-4)
+    assert other["cache"] == {"init": "miss", "chunk": "hit", "eval": "hit"}
+    plain = run("d", 3e-4, SCALING_RL_PROGRAM_CACHE="0")
+    assert set(plain["cache"].values()) == {"off"}
+    assert other["loss"] == plain["loss"] and other["eval"] == plain["eval"]
+    assert other["loss"] != cold["loss"]
