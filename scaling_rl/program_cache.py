@@ -10,10 +10,15 @@ flags that affect tracing. A warm trial deserialises the artifact, lowers only t
 wrapper and gets the executable from the persistent cache.
 
 Safety: only built-in agents (modules inside `scaling_rl`) are cached, since the fingerprint
-cannot see a user's own code; any failure to read, unpickle or match an entry is a miss (the
+cannot see a user's own code; any failure to read, decode or match an entry is a miss (the
 program is traced as usual and the entry rewritten atomically). Set
-`SCALING_RL_PROGRAM_CACHE=0` to switch it off. Entries are pickles: keep the cache directory as
-private as the code you run.
+`SCALING_RL_PROGRAM_CACHE=0` to switch it off.
+
+An entry (`<digest>.prog`) is one JSON line — format, and the input/output tree structures as
+JSON (node class `module:qualname`, its JSON-able aux data, children) — followed by the
+`jax.export` serialisation. Nothing is unpickled: node classes are looked up by name in an
+allowlist of packages and must be registered pytree nodes; a tree that does not round-trip
+through this encoding is simply not cached.
 """
 from __future__ import annotations
 
@@ -23,14 +28,14 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import pickle
 from pathlib import Path
 from typing import Any, Callable
 
 from scaling_rl import io
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "chex", "gymnax", "brax", "numpy")
-_FORMAT = 1
+_FORMAT = 2
+_NODE_PACKAGES = ("builtins", "collections", "scaling_rl", "optax", "flax", "jax", "chex", "gymnax", "brax")
 
 
 def enabled() -> bool:
@@ -93,14 +98,65 @@ class Program:
         return jax.tree.unflatten(self._out_tree, self.compile_now()._compiled(*jax.tree.leaves(args)))
 
 
-def _load(path: Path, in_tree):
+def _encode_aux(x):
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, (list, tuple)):
+        return {"list" if isinstance(x, list) else "tuple": [_encode_aux(v) for v in x]}
+    raise TypeError(f"aux data of type {type(x).__name__} is not JSON-able")
+
+
+def _decode_aux(x):
+    if isinstance(x, dict):
+        ((kind, items),) = x.items()
+        values = [_decode_aux(v) for v in items]
+        return values if kind == "list" else tuple(values)
+    return x
+
+
+def encode_tree(tree) -> Any:
+    """A PyTreeDef as JSON-able data (raises TypeError when an aux value is not JSON-able)."""
+    node = tree.node_data()
+    if node is None:
+        return "*"
+    cls, aux = node
+    return [f"{cls.__module__}:{cls.__qualname__}", _encode_aux(aux), [encode_tree(c) for c in tree.children()]]
+
+
+def decode_tree(data):
+    """Inverse of `encode_tree`; node classes only from `_NODE_PACKAGES`, found by name."""
+    import importlib
+
+    import jax
+    from jax.tree_util import PyTreeDef, default_registry
+
+    if data == "*":
+        return jax.tree.structure(0)
+    name, aux, children = data
+    module, qualname = name.split(":")
+    if module.split(".")[0] not in _NODE_PACKAGES:
+        raise ValueError(f"tree node class {name} is outside {_NODE_PACKAGES}")
+    if name == "builtins:NoneType":
+        cls = type(None)
+    else:
+        cls = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+    if not isinstance(cls, type):
+        raise ValueError(f"{name} is not a class")
+    return PyTreeDef.from_node_data_and_children(default_registry, (cls, _decode_aux(aux)),
+                                                [decode_tree(c) for c in children])
+
+
+def _load(path: Path, in_tree_json):
     from jax import export
 
     try:
-        fmt, blob, stored_in_tree, out_tree = pickle.loads(path.read_bytes())
-        if fmt != _FORMAT or stored_in_tree != in_tree:
+        head, blob = path.read_bytes().split(b"\n", 1)
+        meta = json.loads(head)
+        if meta["format"] != _FORMAT or meta["in_tree"] != in_tree_json:
             return None
-        return export.deserialize(bytearray(blob)), out_tree
+        return export.deserialize(bytearray(blob)), decode_tree(meta["out_tree"])
     except Exception:  # noqa: BLE001 - missing, torn, stale or foreign entry: a miss
         return None
 
@@ -111,7 +167,7 @@ def prepare(fn: Callable, args: tuple, *, key: Any = None, cache_dir: Path | Non
     the returned Program compiles on first call.
 
     With `cache_dir` and `key`, the traced program is loaded from / stored to
-    `cache_dir/<digest(key)>.pkl`; `key` must determine `fn` completely given the fingerprint.
+    `cache_dir/<digest(key)>.prog`; `key` must determine `fn` completely given the fingerprint.
     `donate` donates every argument buffer. Without them this is `jax.jit(fn).lower(*args)`.
     """
     import jax
@@ -135,8 +191,12 @@ def prepare(fn: Callable, args: tuple, *, key: Any = None, cache_dir: Path | Non
 
     if cache_dir is None or key is None:
         return plain("off")
-    path = Path(cache_dir) / f"{key_digest(key)}.pkl"
-    loaded = _load(path, in_tree)
+    try:  # JSON round trip, so that a stored entry compares equal to a fresh encoding
+        in_tree_json = json.loads(json.dumps(encode_tree(in_tree)))
+    except TypeError:
+        return plain("uncacheable")
+    path = Path(cache_dir) / f"{key_digest(key)}.prog"
+    loaded = _load(path, in_tree_json)
     status = "hit"
     if loaded is None:
         status = "miss"
@@ -145,10 +205,12 @@ def prepare(fn: Callable, args: tuple, *, key: Any = None, cache_dir: Path | Non
         except Exception:  # noqa: BLE001 - e.g. a custom call jax.export does not allow
             return plain("uncacheable")
         loaded = exported, boxed[-1]
-        with contextlib.suppress(Exception):  # an unpicklable tree or a full disk: just no entry
-            blob = pickle.dumps((_FORMAT, exported.serialize(), in_tree, boxed[-1]))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            io.atomic_write_bytes(path, blob)
+        with contextlib.suppress(Exception):  # a tree that does not round-trip, a full disk: no entry
+            out_json = encode_tree(boxed[-1])
+            if decode_tree(json.loads(json.dumps(out_json))) == boxed[-1]:
+                head = json.dumps({"format": _FORMAT, "in_tree": in_tree_json, "out_tree": out_json})
+                path.parent.mkdir(parents=True, exist_ok=True)
+                io.atomic_write_bytes(path, head.encode() + b"\n" + bytes(exported.serialize()))
     exported, out_tree = loaded
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]  # do not hold the buffers
     out_abstract = jax.tree.unflatten(out_tree, [jax.ShapeDtypeStruct(a.shape, a.dtype)

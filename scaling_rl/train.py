@@ -450,20 +450,24 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
     seed_keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(seeds, dtype=np.uint32))
     # traced programs are cached next to the persistent compilation cache (when one is set):
     # a warm trial skips tracing and lowering as well as XLA compilation
-    cache_dir = program_cache.default_dir() if _program_cacheable(agent_name, cfg) else None
-    key = {"agent": agent_name, "config": _config_dict(cfg), "seeds": seeds,
-           "hparams": sorted(seed_hparams[0]) if seed_hparams else None}
-    # PACKABLE values live in the optimiser state, so chunk and eval do not depend on them (that
-    # is what lets packed trials share one program); init writes them into that state
-    packable = getattr(agent_module(agent_name), "PACKABLE", ()) or ()
-    run_key = {**key, "config": {k: v for k, v in key["config"].items() if k not in packable}}
+    mod = agent_module(agent_name)
+    cache_dir = program_cache.default_dir() if _program_cacheable(mod, cfg) else None
+    # PACKABLE values (learning rates, weight decay) live in the optimiser state and are set from
+    # an input right after init, so no program depends on them: trials differing only in them
+    # share every program, packed (one program, per-seed values) or one by one
+    packable = getattr(mod, "PACKABLE", ()) or ()
+    if seed_hparams is None and packable and hasattr(mod, "hparams") and agent.set_hparams is not None:
+        seed_hparams = [mod.hparams(cfg)] * seeds
     if seed_hparams is None:
+        packable = ()
         init_args = (seed_keys,)
         init_one = jax.vmap(lambda k: _strip_weak_types(agent.init(k)))
     else:  # each seed's optimisers get its own hyper-parameters right after init
         hp = {k: np.asarray([h[k] for h in seed_hparams], np.float32) for k in seed_hparams[0]}
         init_args = (seed_keys, hp)
         init_one = jax.vmap(lambda k, h: _strip_weak_types(agent.set_hparams(agent.init(k), h)))
+    key = {"agent": agent_name, "seeds": seeds, "hparams": sorted(seed_hparams[0]) if seed_hparams else None,
+           "config": {k: v for k, v in _config_dict(cfg).items() if k not in packable}}
     init_prog = program_cache.prepare(init_one, init_args, key={**key, "program": "init"},
                                       cache_dir=cache_dir)
 
@@ -476,7 +480,7 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
     def run_eval(state, keys):
         if "eval" not in programs:
             programs["eval"] = program_cache.prepare(jax.vmap(agent.evaluate), (state, keys),
-                                                     key={**run_key, "program": "eval"}, cache_dir=cache_dir)
+                                                     key={**key, "program": "eval"}, cache_dir=cache_dir)
         return programs["eval"](state, keys)
 
     eval_fn = run_eval if do_eval else None
@@ -506,7 +510,7 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
                 state = init_prog(*init_args)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
-                compiled = program_cache.prepare(jax.vmap(chunk_one), (state,), key={**run_key, "program": "chunk"},
+                compiled = program_cache.prepare(jax.vmap(chunk_one), (state,), key={**key, "program": "chunk"},
                                                  cache_dir=cache_dir, donate=True).compile_now()
             programs["chunk"] = compiled
             startup_s = time.perf_counter() - t_start
@@ -606,11 +610,10 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
                 pass
 
 
-def _program_cacheable(agent_name: str, cfg) -> bool:
+def _program_cacheable(mod: types.ModuleType, cfg) -> bool:
     """Traced programs are cached only for built-in agents (the cache's fingerprint hashes the
     scaling_rl source, not a user's module) and single-program (not data-parallel) runs."""
-    mod = agent_module(agent_name).__name__
-    return mod.startswith("scaling_rl.") and not getattr(cfg, "data_parallel", False)
+    return mod.__name__.startswith("scaling_rl.") and not getattr(cfg, "data_parallel", False)
 
 
 def _nanmean(values) -> float:

@@ -23,13 +23,13 @@ SCALING_RL = [sys.executable, "-m", "scaling_rl.cli"]
 CACHE = REPO / ".jax_cache"   # the suite's persistent compile cache: reruns compile less
 
 
-def spec_file(tmp_path: Path, out: Path, extra: str = "") -> Path:
+def spec_file(tmp_path: Path, out: Path, extra: str = "", env_steps: int = 1500) -> Path:
     p = tmp_path / "spec.yaml"
     p.write_text(textwrap.dedent(f"""\
         name: dqn_tiny
         agent: dqn
         out_dir: {out}
-        env_steps: 1500
+        env_steps: {env_steps}
         seeds: 2
         compile_cache: {CACHE}
         base: {{env: gymnax/CartPole-v1, width: 16, depth: 1, batch_size: 32, learning_starts: 200,
@@ -41,7 +41,8 @@ def spec_file(tmp_path: Path, out: Path, extra: str = "") -> Path:
 
 def test_dqn_sweep_resumes_after_kill_and_collects_for_the_fit(tmp_path):
     out = tmp_path / "store"
-    spec = spec_file(tmp_path, out, "wandb: {project: sweeptest, mode: offline}\n")
+    # 24 chunks of ~30 ms (warm caches), so the kill lands mid-run, not after the last checkpoint
+    spec = spec_file(tmp_path, out, "wandb: {project: sweeptest, mode: offline}\n", env_steps=12000)
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     proc = subprocess.Popen([*SCALING_RL, "sweep", "run", str(spec), "--workers", "1", "--no-progress"],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -57,9 +58,11 @@ def test_dqn_sweep_resumes_after_kill_and_collects_for_the_fit(tmp_path):
             before = pd.read_parquet(store.trial_dir(store.trial_ids()[0]) / "metrics.parquet")
             killed = True
             break
-        time.sleep(0.2)
+        time.sleep(0.02)
     proc.wait(timeout=60)
     assert killed, "the sweep finished before it could be interrupted"
+    n_total = json.loads((store.trial_dir(store.trial_ids()[0]) / "config.json").read_text())["num_chunks"]
+    assert before["chunk"].max() < n_total - 1, "killed after the last chunk: nothing left to resume"
     done = subprocess.run([*SCALING_RL, "sweep", "run", str(spec), "--workers", "1", "--no-progress"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
