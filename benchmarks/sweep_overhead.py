@@ -113,7 +113,8 @@ def main(argv=None) -> None:
 
         # 3. packed vs one-by-one: K trials differing in seed and η (each sweep with its own cold
         # cache); packed, they are one program whose seeds carry their own learning rates
-        grid = {"seed": list(range(max(1, args.trials // 2))), "lr": [1e-3, 3e-4][:max(1, min(2, args.trials))]}
+        lrs = [1e-3, 3e-4] if args.trials >= 2 else [1e-3]
+        grid = {"seed": list(range(max(1, args.trials // len(lrs)))), "lr": lrs}
         t_one = sweep(tmp, "one", {**real, "out_dir": str(tmp / "one"), "grid": grid,
                                    "compile_cache": str(tmp / "cache_one")})
         t_pack = sweep(tmp, "pack", {**real, "out_dir": str(tmp / "pack"), "grid": grid,

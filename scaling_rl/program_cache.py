@@ -38,6 +38,17 @@ _FORMAT = 2
 _NODE_PACKAGES = ("builtins", "collections", "scaling_rl", "optax", "flax", "jax", "chex", "gymnax", "brax")
 
 
+def package_versions(names) -> dict[str, str]:
+    """Installed versions of the distributions `names` (missing ones are left out)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
 def enabled() -> bool:
     return os.environ.get("SCALING_RL_PROGRAM_CACHE", "1").lower() not in ("0", "false", "no", "off")
 
@@ -60,12 +71,7 @@ def fingerprint() -> str:
     for p in sorted(root.rglob("*.py")):
         h.update(p.relative_to(root).as_posix().encode())
         h.update(p.read_bytes())
-    for name in _PACKAGES:
-        try:
-            version = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            version = "-"
-        h.update(f"{name}={version}".encode())
+    h.update(json.dumps(package_versions(_PACKAGES), sort_keys=True).encode())
     dev = jax.devices()[0]
     flags = (jax.default_backend(), dev.device_kind, jax.device_count(), jax.config.jax_enable_x64,
              str(jax.config.jax_default_matmul_precision), str(jax.config.jax_default_prng_impl))

@@ -191,15 +191,8 @@ def _config_dict(cfg: Any) -> dict:
 
 
 def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for name in ("scaling_rl", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy"):
-        try:
-            from importlib.metadata import version
-
-            out[name] = version(name)
-        except Exception:  # noqa: BLE001 - a missing version is not an error
-            pass
-    return out
+    return {"python": platform.python_version(), **program_cache.package_versions(
+        ("scaling_rl", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy"))}
 
 
 # --------------------------------------------------------------------------------------------
@@ -365,7 +358,7 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
             return pd.read_parquet(out / "metrics.parquet")
         if status.get("status") == "diverged":
             raise Diverged(status.get("step", 0), f"already diverged at env step {status.get('step', 0)}")
-        return _loop(agent_name, cfg, agent, out, seeds, seed, wandb, progress, checkpoint_every,
+        return _loop(agent_name, mod, cfg, agent, out, seeds, seed, wandb, progress, checkpoint_every,
                      eval_every, on_chunk, seed_hparams)
 
 
@@ -430,7 +423,7 @@ def _first_difference(old: Mapping, new: Mapping) -> str:
     return "differs"
 
 
-def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, checkpoint_every,
+def _loop(agent_name, mod, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, checkpoint_every,
           eval_every, on_chunk, seed_hparams=None):
     import jax
 
@@ -450,7 +443,6 @@ def _loop(agent_name, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, 
     seed_keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(seeds, dtype=np.uint32))
     # traced programs are cached next to the persistent compilation cache (when one is set):
     # a warm trial skips tracing and lowering as well as XLA compilation
-    mod = agent_module(agent_name)
     cache_dir = program_cache.default_dir() if _program_cacheable(mod, cfg) else None
     # PACKABLE values (learning rates, weight decay) live in the optimiser state and are set from
     # an input right after init, so no program depends on them: trials differing only in them
