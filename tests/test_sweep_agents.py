@@ -44,6 +44,11 @@ def test_dqn_sweep_resumes_after_kill_and_collects_for_the_fit(tmp_path):
     # 24 chunks of ~30 ms (warm caches), so the kill lands mid-run, not after the last checkpoint
     spec = spec_file(tmp_path, out, "wandb: {project: sweeptest, mode: offline}\n", env_steps=12000)
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    # a parent that used wandb exports its service ($WANDB_SERVICE); the killed attempt must not
+    # leave its run id "in use" there for the resumed one (trials start their own service)
+    import wandb
+    wandb.setup()
+    env["WANDB_SERVICE"] = os.environ["WANDB_SERVICE"]
     proc = subprocess.Popen([*SCALING_RL, "sweep", "run", str(spec), "--workers", "1", "--no-progress"],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=env)

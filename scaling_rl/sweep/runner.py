@@ -44,7 +44,11 @@ def one_line(e: BaseException) -> str:
 
 # ---- per-process set-up ----------------------------------------------------------------------
 def configure_process(opts: RunOptions) -> None:
-    """Environment for a worker: GPU memory share, JAX persistent compilation cache."""
+    """Environment for a worker: GPU memory share, JAX persistent compilation cache, own wandb service."""
+    # A wandb service inherited through $WANDB_SERVICE (e.g. from a parent that used wandb) would
+    # outlive a killed attempt and keep its run id "in use", so the resumed attempt could not log.
+    # Trials start their own service, which dies with them.
+    os.environ.pop("WANDB_SERVICE", None)
     if opts.gpu_mem_fraction:
         os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{opts.gpu_mem_fraction:.3f}"
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
