@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -25,6 +27,12 @@ def register(subparsers) -> None:
                                    "or a utd_<σ>/<task>/<metric>/bs_<B>_lr_<η>.npy curve directory")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--metric", default="eval_return", help="metric column / directory (default: eval_return)")
+    p.add_argument("--param-count", type=float, default=None, metavar="N",
+                   help="model size (parameters) of every curve, for sources without one (a curve directory "
+                        "without w<width>p<N>/ level, a table without param_count): enables σ*(F) at that N")
+    p.add_argument("--steps", default=None, metavar="START:EVERY",
+                   help="the .npy arrays hold seed columns only (no env-step column): row k was logged at "
+                        "env step START + k·EVERY")
     p.add_argument("--delta", type=float, default=None,
                    help="cost of one env step in FLOPs (default: the sweep's median 10·N·B·σ)")
     p.add_argument("--thresholds", type=_floats, default=None,
@@ -42,6 +50,9 @@ def register(subparsers) -> None:
     p.add_argument("--share-exponents", action="store_true", help="one α (and β) across tasks")
     p.add_argument("--batch-model", choices=("auto", "constant", "power", "sigma_n"), default="auto",
                    help="batch size used in C = 10·N·B·σ·D (auto: fitted B*(σ) if B was swept)")
+    p.add_argument("--extrapolate", type=float, default=1.0, metavar="K",
+                   help="allow compute-optimal σ*, N* up to a factor K (>= 1) beyond the swept range; every "
+                        "extrapolated value is marked (default 1: inside the sweep)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--quiet", action="store_true")
@@ -63,16 +74,23 @@ def run_fit(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: {out} exists and is not a directory")
+    if not (math.isfinite(args.extrapolate) and args.extrapolate >= 1):
+        raise UsageError(f"--extrapolate: {args.extrapolate:g} must be a factor >= 1 (1 = stay inside the sweep)")
+    extra = {}
+    if args.extrapolate != 1.0:  # Settings gains `extrapolate` with the new allocation
+        if "extrapolate" not in {f.name for f in dataclasses.fields(Settings)}:
+            raise UsageError("--extrapolate: this version of the analysis cannot extrapolate yet; leave it at 1")
+        extra["extrapolate"] = args.extrapolate
     settings = Settings(thresholds=args.thresholds, n_thresholds=args.n_thresholds, spacing=args.spacing,
                         normalize=args.normalize, interpolation=args.interpolation, n_bootstrap=args.bootstrap,
                         level=args.level, loss=args.loss, huber_delta=args.huber_delta,
                         share_exponents=args.share_exponents, delta=args.delta, batch_model=args.batch_model,
-                        seed=args.seed)
+                        seed=args.seed, **extra)
     say = (lambda m: None) if args.quiet else (lambda m: print(f"[scaling-rl fit] {m}", file=sys.stderr, flush=True))
     try:
         settings.validate()
         say(f"loading {args.results} ({args.metric})")
-        curves = load_results(args.results, args.metric)
+        curves = load_results(args.results, args.metric, param_count=args.param_count, steps=args.steps)
         say(f"{len(curves.curves)} configurations, tasks: {', '.join(curves.tasks)}")
         fit = analyze(curves, settings, progress=say)
     except ValueError as e:  # bad input, reported before anything is written

@@ -6,7 +6,11 @@ Two sources:
   config columns (`utd`, `batch_size`, `lr`, `param_count`, `env`, `agent`, ...), `seed`,
   `env_steps` and metric columns;
 - published curve directories `<root>/[w<width>p<param_count>/]utd_<σ>/<task>/<metric>/bs_<B>_lr_<η>[_<key>_<value>...].npy`
-  (rows = log points; column 0 = env step, the other columns = seeds).
+  (rows = log points; column 0 = env step, the other columns = seeds; with `steps=(START, EVERY)` every
+  column is a seed and row k was logged at env step START + k·EVERY).
+
+A source without model sizes (no `w<width>p<N>/` level, no `param_count` column) can be given one with
+`param_count=N`: every curve is then that model size, so the σ-only budget optimum σ*(F) can be computed.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -82,25 +86,61 @@ class CurveSet:
         return pd.concat(frames, ignore_index=True)
 
 
-def load_results(path: str | Path, metric: str = "eval_return") -> CurveSet:
+def parse_steps(spec: str | Sequence[float] | None) -> tuple[float, float] | None:
+    """`"START:EVERY"` (or a pair) -> (start, every): the env step of row k of a seed-only array is
+    start + k·every. None stays None; anything else is a one-line ValueError."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        parts = spec.split(":")
+        vals = [_number(v.strip()) for v in parts] if len(parts) == 2 else [None]
+    else:
+        vals = [_number(str(v)) for v in spec] if len(spec) == 2 else [None]
+    if len(vals) != 2 or any(v is None or not math.isfinite(v) for v in vals):
+        raise ValueError(f"steps: {spec!r} is not START:EVERY (e.g. 0:5000: row k was logged at env step 0 + k·5000)")
+    start, every = vals
+    if start < 0 or every <= 0:
+        raise ValueError(f"steps: {spec!r} needs START >= 0 and EVERY > 0 env steps")
+    return float(start), float(every)
+
+
+def check_param_count(param_count) -> float | None:
+    """A user-given model size: None, or a finite number of parameters > 0 (one-line ValueError)."""
+    if param_count is None:
+        return None
+    v = _number(str(param_count)) if not isinstance(param_count, bool) else None
+    if v is None or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"param_count: {param_count!r} must be a positive number of parameters, e.g. 2.5e5")
+    return v
+
+
+def load_results(path: str | Path, metric: str = "eval_return", *, param_count: float | None = None,
+                 steps: str | Sequence[float] | None = None) -> CurveSet:
     """Load curves of `metric` from a tidy table file, a directory holding one, a directory of trial
-    directories, or a published `.npy` curve directory. Raises ValueError (one line) on bad input."""
+    directories, or a published `.npy` curve directory. `param_count`: the one model size of a source
+    that has none; `steps` ("START:EVERY"): the env steps of `.npy` arrays that hold only seed columns.
+    Raises ValueError (one line) on bad input."""
     path = Path(path)
+    n = check_param_count(param_count)
+    step_grid = parse_steps(steps)
     if not path.exists():
         raise ValueError(f"results: {path} does not exist; pass a parquet/CSV table or a results directory")
+    if path.is_dir() and any(p.name.startswith("utd_") for p in path.rglob("utd_*") if p.is_dir()):
+        return load_npy_dir(path, metric, param_count=n, steps=step_grid)
+    if step_grid is not None:
+        raise ValueError(f"steps: only for utd_<σ>/... .npy curve directories; {path} is a table source "
+                         "(its env_steps column gives the steps)")
     if path.is_file():
-        return curves_from_table(_read_table(path), metric, source=str(path))
-    if any(p.name.startswith("utd_") for p in path.rglob("utd_*") if p.is_dir()):
-        return load_npy_dir(path, metric)
+        return curves_from_table(_read_table(path), metric, source=str(path), param_count=n)
     tables = sorted(list(path.glob("*.parquet")) + list(path.glob("*.csv")))
     if len(tables) == 1:
-        return curves_from_table(_read_table(tables[0]), metric, source=str(tables[0]))
+        return curves_from_table(_read_table(tables[0]), metric, source=str(tables[0]), param_count=n)
     for name in ("results.parquet", "table.parquet"):
         if (path / name).exists():
-            return curves_from_table(_read_table(path / name), metric, source=str(path / name))
+            return curves_from_table(_read_table(path / name), metric, source=str(path / name), param_count=n)
     trials = sorted(p.parent for p in path.rglob("metrics.parquet") if (p.parent / "config.json").exists())
     if trials:
-        return curves_from_table(_read_trial_dirs(trials), metric, source=str(path))
+        return curves_from_table(_read_trial_dirs(trials), metric, source=str(path), param_count=n)
     raise ValueError(f"results: no table (*.parquet, *.csv), trial directories or utd_*/ curve layout in {path}")
 
 
@@ -125,19 +165,30 @@ def _read_trial_dirs(trials: Iterable[Path]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def curves_from_table(df: pd.DataFrame, metric: str = "eval_return", source: str = "") -> CurveSet:
-    """Group a tidy table into per-configuration curves of `metric`."""
+def curves_from_table(df: pd.DataFrame, metric: str = "eval_return", source: str = "", *,
+                      param_count: float | None = None) -> CurveSet:
+    """Group a tidy table into per-configuration curves of `metric`. `param_count`: the model size of
+    a table without one (no `param_count` column, or only missing values in it)."""
+    n_given = check_param_count(param_count)
+    if n_given is not None:
+        if "param_count" in df.columns and pd.to_numeric(df["param_count"], errors="coerce").notna().any():
+            raise ValueError("param_count: the table already gives model sizes (param_count column); "
+                             "leave param_count (--param-count) unset")
+        df = df.assign(param_count=n_given)
     missing = [c for c in ("env_steps", "utd", "param_count") if c not in df.columns]
     if metric not in df.columns:
         metrics = [c for c in df.columns if c not in BOOKKEEPING and c not in CORE_FIELDS
                    and pd.api.types.is_float_dtype(df[c])]
         raise ValueError(f"metric: {metric!r} is not a column; numeric columns are {metrics}")
     if missing:
-        raise ValueError(f"results: table lacks column(s) {missing}; the sweep table has env_steps, utd, param_count")
+        hint = "; pass param_count (--param-count N) for a single model size" if missing == ["param_count"] else ""
+        raise ValueError(f"results: table lacks column(s) {missing}; the sweep table has env_steps, utd, "
+                         f"param_count{hint}")
     df = df[np.isfinite(pd.to_numeric(df[metric], errors="coerce"))].copy()
     if df.empty:
         raise ValueError(f"metric: {metric!r} has no finite values")
-    notes = []
+    notes = [] if n_given is None else [f"one model size N = {n_given:.4g} (given by param_count): "
+                                        "compute-optimal N is not fitted; σ*(F) is, at that N"]
     if "seed" not in df.columns:
         df["seed"] = 0
     if "env" not in df.columns:
@@ -247,9 +298,15 @@ def parse_curve_name(stem: str) -> dict[str, Any]:
     return out
 
 
-def load_npy_dir(root: str | Path, metric: str) -> CurveSet:
-    """Read `<root>/[w<width>p<N>/]utd_<σ>/<task>/<metric>/bs_<B>_lr_<η>[...].npy`."""
+def load_npy_dir(root: str | Path, metric: str, *, param_count: float | None = None,
+                 steps: str | Sequence[float] | None = None) -> CurveSet:
+    """Read `<root>/[w<width>p<N>/]utd_<σ>/<task>/<metric>/bs_<B>_lr_<η>[...].npy`. Without `steps` an
+    array's column 0 is the env step; with `steps` ("START:EVERY") every column is a seed and row k is
+    env step START + k·EVERY. `param_count` gives every curve that model size (only for a directory
+    without `w<width>p<N>/` level)."""
     root = Path(root)
+    n_given = check_param_count(param_count)
+    step_grid = parse_steps(steps)
     curves, metrics_seen, notes = [], set(), []
     for f in sorted(root.rglob("*.npy")):
         parts = f.relative_to(root).parts
@@ -262,30 +319,88 @@ def load_npy_dir(root: str | Path, metric: str) -> CurveSet:
         width = n = math.nan
         if i == 1 and (m := _MODEL_DIR.match(parts[0])):
             width, n = float(m["width"]), float(m["params"])
+            if n_given is not None:
+                raise ValueError(f"param_count: {root} already gives model sizes ({parts[0]}/ is "
+                                 "w<width>p<N>/); leave param_count (--param-count) unset")
+        elif n_given is not None:
+            n = n_given
         sigma = _number(parts[i][4:])
         if sigma is None:
             raise ValueError(f"curve layout: {parts[i]!r} is not utd_<number>")
         fields = parse_curve_name(f.stem)
-        arr = np.load(f, allow_pickle=False)
-        if arr.ndim != 2 or arr.shape[1] < 2:
-            raise ValueError(f"curve file: {f} must be 2-D (log points × [env step, seed...]), got {arr.shape}")
-        arr = arr[np.argsort(arr[:, 0])]
-        keep = np.all(np.isfinite(arr), axis=1)
+        st, Y = _read_curve_array(f, step_grid)
         extra = tuple(sorted((k, v) for k, v in fields.items() if k not in ("batch_size", "lr")))
         if math.isfinite(width):
             extra = (("width", width),) + extra
         curves.append(Curve(task="/".join(parts[i + 1:-2]), utd=sigma, param_count=n,
-                            batch_size=fields["batch_size"], lr=fields["lr"], steps=arr[keep, 0],
-                            returns=arr[keep, 1:], extra=extra))
+                            batch_size=fields["batch_size"], lr=fields["lr"], steps=st, returns=Y, extra=extra))
     if not curves:
         raise ValueError(f"metric: no {metric!r} curves under {root}; metrics found: {sorted(metrics_seen)}")
-    if all(math.isnan(c.param_count) for c in curves):
-        notes.append("no w<width>p<param_count>/ level: one model size, compute-optimal N is not fitted")
+    if step_grid is not None:
+        notes.append(f"arrays hold seed columns only: row k is env step {step_grid[0]:g} + k·{step_grid[1]:g} "
+                     "(given by steps)")
+    if n_given is not None:
+        notes.append(f"one model size N = {n_given:.4g} (given by param_count): compute-optimal N is not fitted; "
+                     "σ*(F) is, at that N")
+    elif all(math.isnan(c.param_count) for c in curves):
+        notes.append("no w<width>p<param_count>/ level: one model size, compute-optimal N is not fitted "
+                     "(pass param_count / --param-count N for σ*(F) at that size)")
     return CurveSet(curves, metric, notes, str(root))
 
 
-def write_npy_dir(cs: CurveSet, root: str | Path) -> None:
-    """Write curves in the published layout (used by tests and to share a study)."""
+def _looks_like_steps(col: np.ndarray) -> bool:
+    """Env steps: increasing as stored, or (unsorted) distinct non-negative integers."""
+    if col.size == 0 or np.all(np.diff(col) > 0):
+        return True
+    return bool(np.all(col >= 0) and np.all(col == np.round(col)) and np.unique(col).size == col.size)
+
+
+def _has_step_column(arr: np.ndarray, start: float, every: float) -> bool:
+    """Column 0 is the step grid START + k·EVERY itself, or increases and dwarfs every other column."""
+    col, rest = arr[:, 0], arr[:, 1:]
+    fin = np.isfinite(col)
+    if np.allclose(col[fin], start + every * np.flatnonzero(fin), rtol=1e-9, atol=1e-9):
+        return True
+    big = np.nanmax(np.abs(rest)) if np.isfinite(rest).any() else np.inf
+    return bool(fin.sum() > 1 and np.all(np.diff(col[fin]) > 0) and np.nanmin(col) > 10 * big)
+
+
+def _read_curve_array(f: Path, step_grid: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(steps (T,), returns (T, S)) of one curve file; rows with a missing value are dropped."""
+    try:
+        arr = np.asarray(np.load(f, allow_pickle=False), dtype=float)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"curve file: {f} is not a numeric .npy array ({str(e).splitlines()[0]})") from None
+    if step_grid is None:
+        if arr.ndim != 2 or arr.shape[1] < 2:
+            raise ValueError(f"curve file: {f} must be 2-D (log points × [env step, seed...]), got shape "
+                             f"{arr.shape}; if it holds only seed columns pass steps (--steps START:EVERY)")
+        fin = np.isfinite(arr[:, 0])
+        if not _looks_like_steps(arr[fin, 0]):
+            raise ValueError(f"curve file: column 0 of {f} is not env steps (not increasing); if the arrays hold "
+                             "only seed columns pass steps (--steps START:EVERY)")
+        arr = arr[np.argsort(arr[:, 0], kind="stable")]
+        st, Y = arr[:, 0], arr[:, 1:]
+    else:
+        if arr.ndim == 1:
+            arr = arr[:, None]
+        if arr.ndim != 2 or arr.shape[0] < 2:
+            raise ValueError(f"curve file: {f} must be 1-D or 2-D (log points × seeds) with >= 2 log points, "
+                             f"got shape {arr.shape}")
+        start, every = step_grid
+        if arr.shape[1] >= 2 and _has_step_column(arr, start, every):
+            raise ValueError(f"steps: column 0 of {f} already holds env steps (increasing, from {arr[0, 0]:g}); "
+                             "drop steps (--steps): these arrays have a step column")
+        st, Y = start + every * np.arange(arr.shape[0]), arr
+    keep = np.isfinite(st) & np.all(np.isfinite(Y), axis=1)
+    if keep.sum() < 2:
+        raise ValueError(f"curve file: {f} has fewer than 2 log points where every seed is finite")
+    return st[keep], Y[keep]
+
+
+def write_npy_dir(cs: CurveSet, root: str | Path, *, step_column: bool = True) -> None:
+    """Write curves in the published layout (used by tests and to share a study). `step_column=False`
+    writes seed columns only (read back with `steps="START:EVERY"`)."""
     root = Path(root)
     for c in cs.curves:
         ex = dict(c.extra)
@@ -294,4 +409,4 @@ def write_npy_dir(cs: CurveSet, root: str | Path) -> None:
         name = f"bs_{c.batch_size:g}_lr_{c.lr:g}" + "".join(f"_{k}_{v:g}" for k, v in ex.items())
         path = base / f"utd_{c.utd:g}" / c.task / cs.metric / f"{name}.npy"
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(path, np.column_stack([c.steps, c.returns]))
+        np.save(path, np.column_stack([c.steps, c.returns]) if step_column else np.asarray(c.returns))
