@@ -284,6 +284,57 @@ def _summary(df, extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# Evaluation schedule
+
+EVAL_SCHEDULES = ("linear", "log")
+
+
+def eval_schedule_error(schedule: Any, points: Any) -> str | None:
+    """One-line complaint about an (eval_schedule, eval_points) pair, or None if it is valid."""
+    if schedule not in EVAL_SCHEDULES:
+        return (f"eval_schedule: unknown {schedule!r}; use 'linear' (every eval_every chunks) or "
+                f"'log' (eval_points chunks, log-spaced in env steps)")
+    if not isinstance(points, (int, np.integer)) or isinstance(points, bool) or points < 2:
+        return f"eval_points: must be an integer >= 2 (the first and the last chunk), got {points!r}; e.g. 16"
+    return None
+
+
+def eval_chunks(num_chunks: int, *, schedule: str = "linear", every: int = 1, points: int = 16,
+                chunk_env_steps: int = 1, offset_env_steps: int = 0) -> list[int]:
+    """The 0-based chunks after which the host loop evaluates (the last chunk always).
+
+    `linear`: every `every` chunks (0: only the last). `log`: `points` chunks (every chunk when
+    there are no more than `points`) from the first to the last, as evenly spaced in log(env steps)
+    as whole chunks allow -- chunk c ends at offset_env_steps + (c + 1)·chunk_env_steps; each next
+    point is the chunk nearest (in log steps) to the previous one's steps × (last / previous)^(1/k),
+    k = points still to place, at least one chunk later. Dense early, sparse late; a pure function
+    of the config, so a resumed run evaluates at the same steps.
+    """
+    last = num_chunks - 1
+    if num_chunks < 1:
+        return []
+    if schedule == "linear":
+        return [c for c in range(num_chunks) if c == last or (every and (c + 1) % every == 0)]
+    if schedule != "log":
+        raise ValueError(eval_schedule_error(schedule, points))
+    if points >= num_chunks:
+        return list(range(num_chunks))
+
+    def steps(c: int) -> float:
+        return offset_env_steps + (c + 1) * chunk_env_steps
+
+    chosen = [0]
+    while len(chosen) < points:
+        k = points - len(chosen)
+        prev = chosen[-1]
+        target = math.log(steps(prev)) + (math.log(steps(last)) - math.log(steps(prev))) / k
+        below = int(math.floor((math.exp(target) - offset_env_steps) / chunk_env_steps)) - 1
+        best = min((below, below + 1), key=lambda c: abs(math.log(steps(max(c, 0))) - target))
+        chosen.append(min(max(best, prev + 1), num_chunks - k))  # leave room for the k - 1 after it
+    return chosen
+
+
+# --------------------------------------------------------------------------------------------
 # The run
 
 
@@ -303,7 +354,9 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
     Resumes from the newest checkpoint in `out_dir` (the config must match the one there);
     returns the stored table at once when the run is already complete. Checkpoints every
     `checkpoint_every` chunks (0: only at the end) and evaluates every `eval_every` chunks
-    (0: only at the end; never when the config has `eval_episodes == 0`). `on_chunk(chunk,
+    (0: only at the end; never when the config has `eval_episodes == 0`), or, when the config
+    has `eval_schedule='log'`, after `eval_points` log-spaced chunks (`eval_chunks`; then
+    `eval_every` must stay 1). `on_chunk(chunk,
     table)` is called after each chunk's rows are written and its checkpoint queued.
     Raises ConfigError before writing anything on bad input, and Diverged(step) after
     writing the metrics so far when a loss becomes non-finite.
@@ -326,6 +379,12 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
     for name, value in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every)):
         if not isinstance(value, int) or value < 0:
             raise ConfigError(f"{name}: must be an integer >= 0, got {value!r}")
+    schedule, points = _eval_schedule(cfg)
+    if (err := eval_schedule_error(schedule, points)) is not None:
+        raise ConfigError(err)
+    if schedule == "log" and eval_every != 1:
+        raise ConfigError(f"eval_every: {eval_every} applies to eval_schedule='linear' only; "
+                          "with eval_schedule='log' set eval_points instead")
     seed_hparams = _seed_hparams(agent_name, mod, cfg, seeds, seed_configs)
     try:
         agent = mod.make(cfg)
@@ -342,6 +401,7 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
     if config_path.exists():
         old = json.loads(config_path.read_text())
         old_record = {k: old.get(k) for k in record}
+        old_record["config"] = _with_new_defaults(old_record["config"], cfg)
         if old_record != record:
             raise ConfigError(f"out: {out} holds a different run ({_first_difference(old_record, record)}); "
                               "use a new --out or the same config to resume")
@@ -360,6 +420,26 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
             raise Diverged(status.get("step", 0), f"already diverged at env step {status.get('step', 0)}")
         return _loop(agent_name, mod, cfg, agent, out, seeds, seed, wandb, progress, checkpoint_every,
                      eval_every, on_chunk, seed_hparams)
+
+
+def _with_new_defaults(old_config: Any, cfg: Any) -> Any:
+    """A stored config with the fields it predates filled in, where `cfg` has their defaults:
+    a run started before a Config field was added resumes as long as the field keeps its default."""
+    if not isinstance(old_config, dict):
+        return old_config
+    now = _config_dict(cfg)
+    filled = dict(old_config)
+    for f in dataclasses.fields(cfg):
+        if f.name not in filled and f.default is not dataclasses.MISSING:
+            default = json.loads(json.dumps(f.default, default=str))
+            if now.get(f.name) == default:
+                filled[f.name] = default
+    return filled
+
+
+def _eval_schedule(cfg) -> tuple[Any, Any]:
+    """(eval_schedule, eval_points) of a config; configs without the fields evaluate linearly."""
+    return getattr(cfg, "eval_schedule", "linear"), getattr(cfg, "eval_points", 16)
 
 
 def _seed_hparams(agent_name: str, mod, cfg, seeds: int, seed_configs) -> list[dict] | None:
@@ -434,6 +514,10 @@ def _loop(agent_name, mod, cfg, agent, out: Path, seeds, seed, wandb_opts, progr
     num_chunks = int(agent.num_chunks)
     chunk_env_steps = int(getattr(cfg, "chunk_env_steps", 0) or cfg.env_steps // max(num_chunks, 1))
     do_eval = int(getattr(cfg, "eval_episodes", 1) or 0) > 0 and hasattr(agent, "evaluate")
+    schedule, points = _eval_schedule(cfg)
+    eval_at = set(eval_chunks(num_chunks, schedule=schedule, every=eval_every, points=points,
+                              chunk_env_steps=chunk_env_steps,
+                              offset_env_steps=int(getattr(cfg, "warmup_env_steps", 0) or 0)))
     status_path, metrics_path = out / "status.json", out / "metrics.parquet"
     title = (f"{agent_name} on {getattr(cfg, 'env', '?')} · width {getattr(cfg, 'width', '?')} "
              f"depth {getattr(cfg, 'depth', '?')} utd {getattr(cfg, 'utd', '?')} "
@@ -517,8 +601,7 @@ def _loop(agent_name, mod, cfg, agent, out: Path, seeds, seed, wandb_opts, progr
                 state, metrics = compiled(state)
                 metrics = jax.device_get(metrics)
                 chunk_time = time.perf_counter() - t0
-                if eval_fn is not None and (chunk + 1 == num_chunks or
-                                            (eval_every and (chunk + 1) % eval_every == 0)):
+                if eval_fn is not None and chunk in eval_at:
                     evaluated = jax.device_get(eval_fn(state, eval_keys(chunk)))
                     for key, value in evaluated.items():
                         metrics[key if key.startswith("eval") else f"eval_{key}"] = value
@@ -647,7 +730,8 @@ def load_state(out_dir: str | os.PathLike, step: int | None = None):
 # CLI
 
 _FLAG_FIELDS = (("env", "env"), ("width", "width"), ("depth", "depth"), ("utd", "utd"),
-                ("batch_size", "batch_size"), ("lr", "lr"), ("env_steps", "env_steps"))
+                ("batch_size", "batch_size"), ("lr", "lr"), ("env_steps", "env_steps"),
+                ("eval_schedule", "eval_schedule"), ("eval_points", "eval_points"))
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -678,7 +762,12 @@ def register(subparsers) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any other Config field, typed by the field (repeatable)")
     p.add_argument("--checkpoint-every", type=int, default=1, help="chunks between checkpoints")
-    p.add_argument("--eval-every", type=int, default=1, help="chunks between evaluations")
+    p.add_argument("--eval-every", type=int, default=1,
+                   help="chunks between evaluations (eval_schedule linear)")
+    p.add_argument("--eval-schedule", dest="eval_schedule",
+                   help="linear (every --eval-every chunks, the default) or log (--eval-points "
+                        "chunks, log-spaced in env steps; the last chunk always)")
+    p.add_argument("--eval-points", dest="eval_points", help="evaluations of the log schedule (default 16)")
     p.add_argument("--wandb", action="store_true", help="log to wandb (offline unless WANDB_MODE=online)")
     p.add_argument("--wandb-project", default=None, help="wandb project (default scaling_rl)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -38,6 +38,8 @@ class ToyConfig:
     depth: int = 1
     eval_episodes: int = 2
     nan_at_chunk: int = -1  # inject a NaN loss in this chunk (divergence test)
+    eval_schedule: str = "linear"
+    eval_points: int = 16
     tags: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -242,6 +244,91 @@ def test_progress_bar_runs(tmp_path, capsys):
     assert "2/2" in capsys.readouterr().err
 
 
+# ----------------------------------------------------------------------------- eval schedule
+def test_eval_chunks_linear_and_log():
+    assert train.eval_chunks(6) == [0, 1, 2, 3, 4, 5]
+    assert train.eval_chunks(6, every=4) == [3, 5] and train.eval_chunks(6, every=0) == [5]
+    # log: a geometric grid of env steps, first and last chunk always
+    assert train.eval_chunks(64, schedule="log", points=7) == [0, 1, 3, 7, 15, 31, 63]
+    # collisions early are pushed one chunk on and the rest re-spaced: still `points` distinct chunks
+    assert train.eval_chunks(10, schedule="log", points=6) == [0, 1, 2, 4, 6, 9]
+    # the warm-up offsets the steps: chunk c ends at 1000 + 100 (c + 1) -> 1100 ... 2200 env steps
+    assert train.eval_chunks(12, schedule="log", points=5, chunk_env_steps=100,
+                             offset_env_steps=1000) == [0, 2, 4, 7, 11]
+    assert train.eval_chunks(5, schedule="log", points=8) == [0, 1, 2, 3, 4]  # fewer chunks: all
+    assert train.eval_chunks(3, schedule="log", points=2) == [0, 2]
+    for n in range(2, 40):  # always `points` distinct increasing chunks ending with the last
+        for p in range(2, n + 1):
+            c = train.eval_chunks(n, schedule="log", points=p, chunk_env_steps=7, offset_env_steps=30)
+            assert len(c) == p and c[0] == 0 and c[-1] == n - 1 and all(np.diff(c) > 0)
+
+
+def _eval_steps(df: pd.DataFrame, seed: int = 0) -> list[int]:
+    per_seed = df[df.seed == seed]
+    return per_seed[per_seed.eval_return.notna()].env_steps.tolist()
+
+
+def test_log_eval_schedule_steps_and_resume(tmp_path):
+    cfg = ToyConfig(env_steps=512, eval_schedule="log", eval_points=6)  # 32 chunks of 16 env steps
+    full = train.run(TOY, cfg, tmp_path / "full", seeds=2, progress=False)
+    assert len(full) == 2 * 32 and full.episode_return.notna().all()
+    for s in range(2):
+        assert _eval_steps(full, s) == [16, 32, 64, 128, 256, 512]
+    assert json.loads((tmp_path / "full" / "config.json").read_text())["config"]["eval_schedule"] == "log"
+    # killed after chunk 10, checkpoint every 4 -> resumes from chunk 8: the same evaluations
+    with pytest.raises(_Kill):
+        train.run(TOY, cfg, tmp_path / "cut", seeds=2, progress=False, checkpoint_every=4,
+                  on_chunk=_kill_after(10))
+    assert _eval_steps(pd.read_parquet(tmp_path / "cut" / "metrics.parquet")) == [16, 32, 64, 128]
+    resumed_chunks = []
+    resumed = train.run(TOY, cfg, tmp_path / "cut", seeds=2, progress=False,
+                        on_chunk=lambda c, df: resumed_chunks.append(c))
+    assert resumed_chunks == list(range(8, 32))
+    assert _eval_steps(resumed) == _eval_steps(resumed, 1) == [16, 32, 64, 128, 256, 512]
+    pd.testing.assert_frame_equal(_data_columns(resumed), _data_columns(full), check_exact=True)
+    # the linear default is unchanged: every chunk
+    assert _eval_steps(train.run(TOY, ToyConfig(), tmp_path / "linear", seeds=1, progress=False)) == [16, 32, 48, 64]
+    # a different schedule in the same directory is a different run
+    with pytest.raises(train.ConfigError, match="config.eval_points: 6 there, 5 now"):
+        train.run(TOY, dataclasses.replace(cfg, eval_points=5), tmp_path / "full", seeds=2, progress=False)
+
+
+@pytest.mark.parametrize("kw, eval_every, message", [
+    ({"eval_schedule": "geometric"}, 1, "eval_schedule: unknown 'geometric'; use 'linear'"),
+    ({"eval_schedule": "log", "eval_points": 1}, 1, "eval_points: must be an integer >= 2"),
+    ({"eval_schedule": "log", "eval_points": 4.5}, 1, "eval_points: must be an integer >= 2"),
+    ({"eval_schedule": "log"}, 2, "eval_every: 2 applies to eval_schedule='linear' only"),
+])
+def test_eval_schedule_bad_input_is_one_line_and_writes_nothing(tmp_path, kw, eval_every, message):
+    with pytest.raises(train.ConfigError, match=message) as e:
+        train.run(TOY, ToyConfig(**kw), tmp_path / "run", seeds=1, progress=False, eval_every=eval_every)
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_run_dir_from_before_a_new_config_field_resumes(tmp_path):
+    """config.json written before eval_schedule/eval_points existed: same run while they keep
+    their defaults, a different run otherwise."""
+    df = train.run(TOY, ToyConfig(env_steps=32), tmp_path, seeds=1, progress=False)
+    record = json.loads((tmp_path / "config.json").read_text())
+    for key in ("eval_schedule", "eval_points"):
+        del record["config"][key]
+    (tmp_path / "config.json").write_text(json.dumps(record))
+    again = train.run(TOY, ToyConfig(env_steps=32), tmp_path, seeds=1, progress=False)
+    pd.testing.assert_frame_equal(again, df)
+    with pytest.raises(train.ConfigError, match="config.eval_schedule: None there, 'log' now"):
+        train.run(TOY, ToyConfig(env_steps=32, eval_schedule="log"), tmp_path, seeds=1, progress=False)
+
+
+def test_cli_log_eval_schedule(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--agent", TOY, "--env-steps", "160", "--eval-schedule", "log", "--eval-points", "3",
+            "--out", str(out), "--no-progress"]
+    assert cli.main(argv) == 0
+    assert _eval_steps(pd.read_parquet(out / "metrics.parquet")) == [16, 48, 160]
+    assert cli.main(argv + ["--eval-every", "3"]) == 2
+    assert "eval_every: 3 applies to eval_schedule='linear' only" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- config parsing
 def test_parse_value_types():
     from typing import Literal, Optional
@@ -353,6 +440,8 @@ def test_real_agent_table_and_bitwise_resume(tmp_path):
     (["--utd", "-1"], "utd"),
     (["--env", "gymnax/Nope-v0"], "env: unknown"),
     (["--set", "n_step=zero"], "n_step"),
+    (["--eval-schedule", "geometric"], "eval_schedule: unknown 'geometric'"),
+    (["--eval-schedule", "log", "--eval-points", "1"], "eval_points: must be an integer >= 2"),
 ])
 def test_cli_real_agent_bad_input(tmp_path, capsys, argv, message):
     out = tmp_path / "run"

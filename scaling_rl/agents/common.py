@@ -293,6 +293,8 @@ class BaseConfig:
     val_buffer_size: int = 10_000
     chunk_env_steps: int = 1_000      # env steps per jitted host chunk
     eval_episodes: int = 10           # deterministic eval: this many fresh envs, one episode each
+    eval_schedule: str = "linear"     # host-loop evals: "linear" (every eval_every chunks) or "log"
+    eval_points: int = 16             # "log": evaluations, log-spaced in env steps (train.eval_chunks)
     normalize_obs: bool = False
     data_parallel: bool = False       # shard each update's batch over all devices (axis `data`)
 
@@ -306,6 +308,10 @@ class BaseConfig:
             v = getattr(self, key)
             if not _is_int(v) or v < 1:
                 raise ValueError(f"{key}: must be an integer >= 1, got {v!r}; e.g. {_example(key)}")
+        from scaling_rl.train import eval_schedule_error
+
+        if (err := eval_schedule_error(self.eval_schedule, self.eval_points)) is not None:
+            raise ValueError(err)
         for key in ("reset_every", "learning_starts"):
             v = getattr(self, key)
             if not _is_int(v) or v < 0:
