@@ -1,0 +1,347 @@
+"""Flow-GRPO (Liu et al., NeurIPS 2025) for the rectified-flow generators of this package.
+
+One policy update:
+ 1. Draw `groups` conditions (uniform class labels; unconditional models ignore them) and sample
+    `group_size` (G) generations per condition with the matching-marginals SDE at `t_train` steps
+    (`scaling_rl.flow.sde`). Every SDE step is a Gaussian policy N(μ_θ(x_t, t), s_t² I).
+ 2. Score the final samples with the reward plug-in; advantages are normalised within each group
+    (`scaling_rl.llm.objectives.group_advantages`: the same definition as the LLM GRPO).
+ 3. μ = `num_iterations` gradient steps on  mean over (sample, step) of
+        -min(ρ A, clip(ρ, 1-ε, 1+ε) A) + β·KL(N(μ_θ, s²) || N(μ_ref, s²)),
+    ρ = π_θ(x_{t+1}|x_t) / π_old(x_{t+1}|x_t) per denoising step (the clipped surrogate and the
+    loss aggregation are `llm.objectives`'); the KL to the frozen pretrained reference is the
+    closed form ||μ_θ - μ_ref||² / (2 s²) between the step Gaussians (same std).
+Options: denoising reduction (`t_train` < `t_eval`: train on short trajectories, evaluate with the
+full-length ODE) and Fast (`fast=True`): each group shares one initial noise and a deterministic
+ODE prefix up to a random step k; it branches into G samples only for a window of `fast_window`
+SDE steps [k, k+W), then finishes with the ODE. The loss covers the window steps only, and the
+prefix is computed once per group, so sampling costs n·k + B·(T-k) and training B·W velocity
+evaluations instead of B·T each.
+
+Agent contract (docs/architecture.md): `Config`, `make(cfg) -> Agent(init, chunk, evaluate, ...)`,
+so `scaling_rl.train.run("scaling_rl.flow.grpo", cfg, out_dir, seeds)` gives metrics.parquet,
+checkpoints, exact resume and seed vmapping. `init` pretrains the generator by flow matching with
+the key of `pretrain_seed` (every seed shares the same reference), then copies it to the policy.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from scaling_rl import nets
+from scaling_rl.agents import common
+from scaling_rl.flow import data as data_lib
+from scaling_rl.flow import rewards as rewards_lib
+from scaling_rl.flow import sde
+from scaling_rl.flow.model import Pretrainer, VelocityNet, velocity_flops, velocity_param_count
+from scaling_rl.llm.objectives import SCALE_REWARDS, aggregate, clipped_surrogate, group_advantages
+
+PACKABLE = ("lr",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    dataset: str = "toy2d"           # data_lib.DATASETS
+    reward: str = "toy_angle"        # rewards_lib.known()
+    conditional: bool = False        # class-conditioned generator (conditions drawn per group)
+    kind: str = "bro"                # backbone (scaling_rl.nets)
+    width: int = 64
+    depth: int = 2
+    pretrain_steps: int = 1500
+    pretrain_batch: int = 256
+    pretrain_lr: float = 3e-3
+    pretrain_seed: int = 0
+    lr: float = 1e-3
+    max_grad_norm: float = 1.0
+    group_size: int = 8              # G
+    groups: int = 8                  # conditions per update; batch B = groups · G
+    num_iterations: int = 1          # μ
+    clip_eps: float = 0.2
+    beta: float = 0.01               # KL coefficient
+    scale_rewards: str = "group"     # llm.objectives.SCALE_REWARDS
+    noise_level: float = 0.7         # a in σ_t (sde.py)
+    noise_schedule: str = "sqrt"
+    t_train: int = 10
+    t_eval: int = 40
+    fast: bool = False
+    fast_window: int = 2
+    updates: int = 60                # policy updates in the whole run
+    chunk_updates: int = 10          # updates per jitted chunk (= one metrics row)
+    eval_samples: int = 256
+
+    def __post_init__(self):
+        data_lib.get(self.dataset)
+        rewards_lib.get(self.reward)
+        sde.check_schedule(self.noise_schedule)
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(f"scale_rewards: {self.scale_rewards!r} is unknown; use one of {SCALE_REWARDS}")
+        nets.BackboneConfig(kind=self.kind, width=self.width, depth=self.depth)
+        for name, lo in (("pretrain_steps", 0), ("pretrain_batch", 1), ("group_size", 2), ("groups", 1),
+                         ("num_iterations", 1), ("t_train", 1), ("t_eval", 1), ("fast_window", 1),
+                         ("updates", 1), ("chunk_updates", 1), ("eval_samples", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise ValueError(f"{name}: must be an integer >= {lo}, got {value!r}")
+        for name in ("pretrain_lr", "lr", "noise_level"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        for name in ("clip_eps", "beta", "max_grad_norm"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        if self.updates % self.chunk_updates:
+            raise ValueError(f"updates: {self.updates} is not a multiple of chunk_updates="
+                             f"{self.chunk_updates}; use {self.updates // self.chunk_updates * self.chunk_updates or self.chunk_updates}")
+        if self.fast and self.fast_window > self.t_train:
+            raise ValueError(f"fast_window: {self.fast_window} is longer than t_train={self.t_train}")
+        if self.reward.startswith("shapes") and self.dataset != "shapes":
+            raise ValueError(f"reward: {self.reward!r} needs dataset 'shapes', got {self.dataset!r}")
+        if self.reward == "shapes_count" and not self.conditional:
+            raise ValueError("conditional: shapes_count scores the count asked by the condition; set true")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        return common.config_from_dict(cls, d)
+
+    @property
+    def batch_size(self) -> int:
+        return self.groups * self.group_size
+
+    @property
+    def window(self) -> int:
+        """Denoising steps in the loss (and SDE steps while sampling)."""
+        return self.fast_window if self.fast else self.t_train
+
+    @property
+    def env_steps(self) -> int:
+        """Generations sampled over the run (the data axis)."""
+        return self.updates * self.batch_size
+
+    @property
+    def chunk_env_steps(self) -> int:
+        return self.chunk_updates * self.batch_size
+
+    def backbone(self) -> nets.BackboneConfig:
+        return nets.BackboneConfig(kind=self.kind, width=self.width, depth=self.depth)
+
+
+def hparams(cfg: Config) -> dict[str, float]:
+    """The `PACKABLE` values a run of `cfg` puts in its optimiser state."""
+    return {"lr": float(cfg.lr)}
+
+
+@flax.struct.dataclass
+class FlowState:
+    params: Any
+    ref_params: Any
+    opt_state: Any
+    key: jax.Array
+    update: jax.Array        # policy updates done
+    evals: jax.Array         # velocity evaluations spent in RL so far (forward-equivalents)
+
+
+def update_flops(cfg: Config, dim: int, num_classes: int) -> dict[str, float]:
+    """Expected FLOPs of one policy update, split by phase (1 backward = 2 forwards).
+
+    sampling: B·T velocity evaluations (Fast: n·E[k] + B·(T - E[k]) with k ~ U{0..T-W});
+    reference: B·W (only when β > 0); training: μ·B·W·3.
+    """
+    f = velocity_flops(cfg.backbone(), dim, num_classes)
+    b, t, w, n = cfg.batch_size, cfg.t_train, cfg.window, cfg.groups
+    k = (t - w) / 2.0 if cfg.fast else 0.0
+    sampling = (n * k + b * (t - k)) if cfg.fast else b * t
+    out = {"sampling": f * sampling, "reference": f * b * w if cfg.beta > 0 else 0.0,
+           "training": f * 3.0 * cfg.num_iterations * b * w}
+    out["total"] = sum(out.values())
+    return out
+
+
+def grpo_loss(logp, old_logp, mean, ref_mean, std, advantages, clip_eps: float, beta: float):
+    """Flow-GRPO objective on (B, W) step log-probs; mean/ref_mean (B, W, d), std (B, W).
+
+    Returns (loss, metrics): loss = mean over steps and samples of the clipped surrogate
+    + β·KL(step Gaussian of θ || of the reference).
+    """
+    per_step, ratio = clipped_surrogate(logp, old_logp, advantages, clip_eps, clip_eps)
+    kl = sde.gaussian_kl_same_std(mean, ref_mean, std)
+    mask = jnp.ones_like(logp)
+    loss = aggregate(per_step + beta * kl, mask, "bnpo", logp.shape[1])
+    stop = jax.lax.stop_gradient
+    clipped = (jnp.abs(ratio - 1.0) > clip_eps).astype(logp.dtype)
+    return loss, {"kl": stop(jnp.mean(kl)), "loss/policy": stop(jnp.mean(per_step)),
+                  "ratio_mean": stop(jnp.mean(ratio)), "clip_frac": stop(jnp.mean(clipped))}
+
+
+class FlowAgent(NamedTuple):
+    """The agent contract (common.Agent's fields) plus the pieces tests and benchmarks call."""
+
+    init: Callable
+    chunk: Callable
+    evaluate: Callable
+    num_chunks: int
+    param_count: int
+    update: Callable          # (state) -> (state, metrics): one policy update
+    env_spec: Any
+    set_hparams: Callable
+    net: VelocityNet
+    rollout: Callable         # (params, key, cond_groups) -> (x, cond, xs, xs_next, idx, evals)
+    step_stats: Callable      # (params, xs, xs_next, idx, cond) -> (logp, mean, std), (B, W, ...)
+    sample_ode: Callable      # (params, key, num, num_steps) -> (x, cond)
+    velocity: Callable        # (params, cond) -> velocity(x, t)
+    pretrainer: Pretrainer
+    dataset: data_lib.Dataset
+    num_classes: int
+
+
+def make(cfg: Config):
+    """The agent for `cfg` (docs/architecture.md contract) plus `rollout`/`sample_ode` helpers."""
+    ds = data_lib.get(cfg.dataset)
+    num_classes = ds.num_classes if cfg.conditional else 0
+    net = VelocityNet(cfg.backbone(), ds.dim, num_classes)
+    reward_fn = rewards_lib.get(cfg.reward)
+    opt = common.make_optimizer(cfg.lr, 0.0, cfg.max_grad_norm)
+    pretrainer = Pretrainer(net, ds.sample, cfg.pretrain_steps, cfg.pretrain_batch, cfg.pretrain_lr)
+    T, W, G, n, B, d = cfg.t_train, cfg.window, cfg.group_size, cfg.groups, cfg.batch_size, ds.dim
+    flops_per_eval = float(velocity_flops(cfg.backbone(), d, num_classes))
+
+    def velocity(params, cond):
+        c = cond if num_classes else None
+        return lambda x, t: net.apply(params, x, t, c)
+
+    def draw_conditions(key, count):
+        if not num_classes:
+            return jnp.zeros((count,), jnp.int32)
+        return jax.random.randint(key, (count,), 0, num_classes)
+
+    def init(key):
+        pk = jax.random.PRNGKey(cfg.pretrain_seed)
+        p_init, p_train = jax.random.split(pk)
+        params = net.init(p_init, jnp.zeros((1, d)), jnp.zeros((1,)),
+                          jnp.zeros((1,), jnp.int32) if num_classes else None)
+        if cfg.pretrain_steps:
+            params, _ = pretrainer.run(params, p_train)
+        return FlowState(params=params, ref_params=params, opt_state=opt.init(params), key=key,
+                         update=jnp.zeros((), jnp.int32), evals=jnp.zeros((), jnp.int32))
+
+    def rollout(params, key, cond_groups):
+        """G generations per condition; returns final x (B, d), the window's states and indices."""
+        cond = jnp.repeat(cond_groups, G)
+        k_start, k_noise, k_steps = jax.random.split(key, 3)
+        vel = velocity(params, cond)
+        if cfg.fast:
+            start = jax.random.randint(k_start, (), 0, T - W + 1)
+            x = jax.random.normal(k_noise, (n, d))
+            x = sde.ode_sample(velocity(params, cond_groups), x, T, 0, start)
+            x = jnp.repeat(x, G, axis=0)
+            prefix_evals = n * start
+        else:
+            start = jnp.zeros((), jnp.int32)
+            x = jax.random.normal(k_noise, (B, d))
+            prefix_evals = jnp.zeros((), jnp.int32)
+
+        def step(x, inp):
+            j, k = inp
+            x_next, _, _, _ = sde.sde_transition(vel, x, start + j, k, T, cfg.noise_level,
+                                                 cfg.noise_schedule)
+            return x_next, (x, x_next)
+
+        x, (xs, xs_next) = jax.lax.scan(step, x, (jnp.arange(W), jax.random.split(k_steps, W)))
+        x = sde.ode_sample(vel, x, T, start + W, T)
+        evals = prefix_evals + B * (T - start)
+        return x, cond, xs, xs_next, start + jnp.arange(W), evals
+
+    def step_stats(params, xs, xs_next, idx, cond):
+        """Step Gaussians of the window under `params`: logp (B, W), mean (B, W, d), std (B, W)."""
+        t = jnp.broadcast_to((idx / T)[:, None], (W, B)).astype(jnp.float32).reshape(-1)
+        x = xs.reshape(W * B, d)
+        c = jnp.tile(cond, W)
+        v = net.apply(params, x, t, c if num_classes else None)
+        mean, std = sde.step_gaussian(x, v, t, T, cfg.noise_level, cfg.noise_schedule)
+        logp = sde.gaussian_logprob(xs_next.reshape(W * B, d), mean, std)
+        swap = lambda a: jnp.swapaxes(a.reshape((W, B) + a.shape[1:]), 0, 1)
+        return swap(logp), swap(mean), swap(std)
+
+    def update(state: FlowState):
+        """One Flow-GRPO policy update: rollout, rewards, advantages, μ gradient steps."""
+        key, k_cond, k_roll = jax.random.split(state.key, 3)
+        cond_groups = draw_conditions(k_cond, n)
+        params = state.params
+        x, cond, xs, xs_next, idx, evals = rollout(jax.lax.stop_gradient(params), k_roll, cond_groups)
+        r = reward_fn(x, cond)
+        adv, zero_std = group_advantages(r, G, cfg.scale_rewards)
+        if cfg.beta > 0:
+            _, ref_mean, _ = step_stats(state.ref_params, xs, xs_next, idx, cond)
+            evals = evals + B * W
+        else:
+            ref_mean = None
+
+        def loss_fn(p, old_logp, first):
+            logp, mean, std = step_stats(p, xs, xs_next, idx, cond)
+            # the first iteration's old policy is the current one: ρ = 1 exactly, gradient intact
+            old = jnp.where(first, jax.lax.stop_gradient(logp), old_logp)
+            ref = jax.lax.stop_gradient(mean) if ref_mean is None else ref_mean
+            loss, m = grpo_loss(logp, old, mean, ref, std, adv, cfg.clip_eps, cfg.beta)
+            return loss, (m, old)
+
+        def inner(carry, i):
+            p, opt_state, old_logp = carry
+            (loss, (m, old)), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, old_logp, i == 0)
+            updates, opt_state = opt.update(grads, opt_state, p)
+            p = optax.apply_updates(p, updates)
+            m = {**m, "loss": loss, "grad_norm": common.global_norm(grads)}
+            return (p, opt_state, old), m
+
+        (params, opt_state, _), ms = jax.lax.scan(
+            inner, (params, state.opt_state, jnp.zeros((B, W))), jnp.arange(cfg.num_iterations))
+        evals = evals + 3 * cfg.num_iterations * B * W
+        metrics = {k: jnp.mean(v) for k, v in ms.items()}
+        metrics.update(reward=jnp.mean(r), reward_std=jnp.std(r), zero_std_frac=jnp.mean(zero_std),
+                       window_start=idx[0].astype(jnp.float32))
+        new = state.replace(params=params, opt_state=opt_state, key=key, update=state.update + 1,
+                            evals=state.evals + evals.astype(jnp.int32))
+        return new, metrics
+
+    def chunk(state: FlowState):
+        state, ms = jax.lax.scan(lambda s, _: update(s), state, None, length=cfg.chunk_updates)
+        metrics = {k: jnp.mean(v) for k, v in ms.items()}
+        metrics["reward_last"] = ms["reward"][-1]
+        metrics.update(env_steps=state.update * B, grad_steps=state.update * cfg.num_iterations,
+                       flops=state.evals.astype(jnp.float32) * flops_per_eval,
+                       param_norm=common.global_norm(state.params))
+        return state, metrics
+
+    def sample_ode(params, key, num, num_steps):
+        """`num` ODE samples at `num_steps` Euler steps; conditions cycle over the classes."""
+        cond = jnp.arange(num) % num_classes if num_classes else jnp.zeros((num,), jnp.int32)
+        x0 = jax.random.normal(key, (num, d))
+        return sde.ode_sample(velocity(params, cond), x0, num_steps), cond
+
+    def evaluate(state: FlowState, key):
+        """ODE at t_eval steps: mean reward (eval_return), diversity and distance to the reference."""
+        x, cond = sample_ode(state.params, key, cfg.eval_samples, cfg.t_eval)
+        x_ref, _ = sample_ode(state.ref_params, key, cfg.eval_samples, cfg.t_eval)
+        r = reward_fn(x, cond)
+        return {"eval_return": jnp.mean(r), "eval_diversity": diversity(x, cond),
+                "eval_ref_return": jnp.mean(reward_fn(x_ref, cond)),
+                "eval_ref_distance": jnp.mean(jnp.linalg.norm(x - x_ref, axis=-1))}
+
+    def set_hparams(state: FlowState, hp):
+        return state.replace(opt_state=common.set_hyperparams(state.opt_state, learning_rate=hp["lr"]))
+
+    return FlowAgent(init=init, chunk=chunk, evaluate=evaluate,
+                     num_chunks=cfg.updates // cfg.chunk_updates,
+                     param_count=velocity_param_count(cfg.backbone(), d, num_classes),
+                     update=update, env_spec=None, set_hparams=set_hparams, net=net,
+                     rollout=rollout, step_stats=step_stats, sample_ode=sample_ode,
+                     velocity=velocity, pretrainer=pretrainer, dataset=ds, num_classes=num_classes)
+
+
+def diversity(x, cond):
+    """Mean pairwise L2 distance between samples of the same condition (collapse -> 0)."""
+    dist = jnp.sqrt(jnp.maximum(jnp.sum((x[:, None] - x[None]) ** 2, axis=-1), 0.0))
+    same = (cond[:, None] == cond[None]) & ~jnp.eye(x.shape[0], dtype=bool)
+    return jnp.sum(jnp.where(same, dist, 0.0)) / jnp.maximum(jnp.sum(same), 1)

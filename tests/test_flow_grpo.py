@@ -1,0 +1,202 @@
+"""Flow-GRPO: the objective by hand, rollouts (full and Fast), learning on the 2-D toy with the KL
+to the reference bounded, exact resume through train.run, and the `flow_grpo` sweep trial kind."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from scaling_rl import train
+from scaling_rl.flow import grpo, sde
+
+TINY = {"width": 16, "pretrain_steps": 100, "pretrain_batch": 64, "groups": 2, "group_size": 4,
+        "t_train": 4, "t_eval": 8, "updates": 6, "chunk_updates": 2, "eval_samples": 16}
+CFG = grpo.Config()          # toy2d / toy_angle, width 64, 1500 pretraining steps, T_train 10 < T_eval 40
+
+
+@pytest.fixture(scope="module")
+def toy():
+    agent = grpo.make(CFG)
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0))
+    return agent, state, jax.jit(agent.evaluate)
+
+
+def test_objective_hand_computed_values():
+    logp = jnp.log(jnp.array([[1.0, 1.5], [0.5, 1.0]]))
+    old = jnp.zeros((2, 2))
+    mean = jnp.array([[[1.0], [0.0]], [[0.0], [0.0]]])
+    adv = jnp.array([1.0, -1.0])
+    loss, m = grpo.grpo_loss(logp, old, mean, jnp.zeros_like(mean), jnp.ones((2, 2)), adv, 0.2, 0.5)
+    # per step: -1 (ρ=1, A=1), -1.2 (ρ=1.5 clipped to 1.2), +0.8 (ρ=0.5 -> min(-0.5, -0.8)), +1
+    # KL = 1²/2 on one step, β = 0.5: (-1 - 1.2 + 0.8 + 1 + 0.25) / 4
+    np.testing.assert_allclose(loss, -0.0375, rtol=1e-6)
+    np.testing.assert_allclose(m["kl"], 0.125, rtol=1e-6)
+    np.testing.assert_allclose(m["loss/policy"], -0.1, rtol=1e-6)
+    np.testing.assert_allclose(m["clip_frac"], 0.5)
+    np.testing.assert_allclose(m["ratio_mean"], 1.0)
+    # gradient of the unclipped steps only: d/dlogp of -ρA at ρ=1 is -A / (B·W)
+    g = jax.grad(lambda lp: grpo.grpo_loss(lp, old, mean, jnp.zeros_like(mean), jnp.ones((2, 2)),
+                                           adv, 0.2, 0.0)[0])(logp)
+    np.testing.assert_allclose(g, [[-0.25, 0.0], [0.0, 0.25]], atol=1e-7)
+
+
+def test_bad_config_is_a_one_line_error_naming_the_field():
+    for kw, field in (({"group_size": 1}, "group_size"), ({"noise_schedule": "cos"}, "noise_schedule"),
+                      ({"reward": "nope"}, "reward"), ({"updates": 15}, "updates"),
+                      ({"fast": True, "fast_window": 11}, "fast_window"), ({"lr": 0.0}, "lr"),
+                      ({"reward": "shapes_red"}, "reward"), ({"dataset": "x"}, "dataset"),
+                      ({"kind": "crl", "depth": 2}, "depth")):
+        with pytest.raises(ValueError, match=f"^{field}: ") as e:
+            grpo.Config(**kw)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="^nope: not a field"):
+        grpo.Config.from_dict({"nope": 1})
+
+
+def test_pretrained_reference_is_the_ring_with_zero_mean_reward(toy):
+    agent, state, evaluate = toy
+    x, _ = agent.sample_ode(state.ref_params, jax.random.PRNGKey(5), 512, CFG.t_eval)
+    radius = jnp.linalg.norm(x, axis=-1)
+    assert abs(float(radius.mean()) - 2.0) < 0.2 and float(radius.std()) < 0.4
+    ev = evaluate(state, jax.random.PRNGKey(1))
+    assert abs(float(ev["eval_return"])) < 0.15 and float(ev["eval_diversity"]) > 2.0
+
+
+def test_full_rollout_is_a_chain_of_its_step_gaussians(toy):
+    agent, state, _ = toy
+    cond = jnp.zeros((CFG.groups,), jnp.int32)
+    x, c, xs, xs_next, idx, evals = jax.jit(agent.rollout)(state.params, jax.random.PRNGKey(2), cond)
+    B, T = CFG.batch_size, CFG.t_train
+    assert xs.shape == (T, B, 2) and x.shape == (B, 2) and c.shape == (B,)
+    np.testing.assert_array_equal(idx, np.arange(T))
+    assert int(evals) == B * T
+    np.testing.assert_array_equal(xs[1:], xs_next[:-1])
+    np.testing.assert_array_equal(x, xs_next[-1])
+    logp, mean, std = agent.step_stats(state.params, xs, xs_next, idx, c)
+    assert logp.shape == (B, T) and mean.shape == (B, T, 2) and std.shape == (B, T)
+    z = (np.swapaxes(np.asarray(xs_next), 0, 1) - np.asarray(mean)) / np.asarray(std)[..., None]
+    assert abs(z.mean()) < 0.1 and abs(z.var() - 1.0) < 0.1      # 1280 standard normal draws
+    np.testing.assert_allclose(logp, np.sum(-0.5 * z ** 2 - np.log(np.asarray(std))[..., None]
+                                            - 0.5 * np.log(2 * np.pi), -1), rtol=1e-4, atol=1e-4)
+
+
+def test_fast_rollout_branches_from_a_shared_prefix(toy):
+    agent = grpo.make(dataclasses.replace(CFG, fast=True, fast_window=2))
+    state = toy[1]
+    cond = jnp.zeros((CFG.groups,), jnp.int32)
+    roll = jax.jit(agent.rollout)
+    starts = set()
+    for i in range(6):
+        x, _, xs, xs_next, idx, evals = roll(state.params, jax.random.PRNGKey(10 + i), cond)
+        start = int(idx[0])
+        starts.add(start)
+        np.testing.assert_array_equal(idx, [start, start + 1])
+        assert int(evals) == CFG.groups * start + CFG.batch_size * (CFG.t_train - start)
+        groups = np.asarray(xs[0]).reshape(CFG.groups, CFG.group_size, 2)
+        np.testing.assert_array_equal(groups, np.broadcast_to(groups[:, :1], groups.shape))  # shared
+        assert np.ptp(groups[:, 0], axis=0).min() > 0                                        # per group
+        branched = np.asarray(xs_next[0]).reshape(CFG.groups, CFG.group_size, 2)
+        assert np.ptp(branched, axis=1).min() > 0                      # the SDE step branches
+    assert len(starts) > 1 and max(starts) <= CFG.t_train - 2
+
+
+def test_mu_inner_iterations_move_the_ratio_away_from_one():
+    """μ = 3: iterations 2 and 3 see the updated policy (ρ ≠ 1); μ = 1 keeps ρ = 1 exactly (below)."""
+    agent = grpo.make(grpo.Config(**{**TINY, "num_iterations": 3}))
+    state = agent.init(jax.random.PRNGKey(0))
+    new, m = jax.jit(agent.update)(state)
+    assert float(m["ratio_mean"]) != 1.0 and int(new.update) == 1
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.abs(a - b).max(), new.params, state.params))
+    assert max(map(float, moved)) > 0
+
+
+def test_reward_rises_far_above_the_pretrained_model_with_bounded_kl(toy):
+    """60 updates of full Flow-GRPO (T_train 10, eval ODE at T_eval 40) and 60 of Fast (window 2)."""
+    agent, state, evaluate = toy
+    key = jax.random.PRNGKey(1)
+    before = float(evaluate(state, key)["eval_return"])
+    for cfg in (CFG, dataclasses.replace(CFG, fast=True, fast_window=2)):
+        chunk = jax.jit(grpo.make(cfg).chunk)
+        s, kls = state, []
+        for _ in range(CFG.updates // CFG.chunk_updates):
+            s, m = chunk(s)
+            kls.append(float(m["kl"]))
+            # μ = 1: the old policy is the current one, so every ratio is exactly 1
+            assert float(m["ratio_mean"]) == 1.0 and float(m["clip_frac"]) == 0.0
+        ev = evaluate(s, key)
+        after = float(ev["eval_return"])
+        assert after > 0.8 and after - before > 0.6, (cfg.fast, before, after)
+        assert max(kls) < 3.0, kls              # per-step KL to the reference stays bounded
+        assert float(ev["eval_ref_return"]) == before    # the reference is frozen
+        assert int(m["env_steps"]) == CFG.env_steps and int(m["grad_steps"]) == CFG.updates
+        flops = grpo.update_flops(cfg, 2, 0)
+        if not cfg.fast:   # exact for full trajectories (Fast's window start is random)
+            np.testing.assert_allclose(float(m["flops"]), CFG.updates * flops["total"], rtol=1e-6)
+        else:
+            assert 0.2 < float(m["flops"]) / (CFG.updates * flops["total"]) < 5
+
+
+def _data(df):
+    return df.drop(columns=[c for c in train.TIME_COLUMNS if c in df]).reset_index(drop=True)
+
+
+class _Kill(Exception):
+    pass
+
+
+def test_resume_is_exact(tmp_path):
+    cfg = grpo.Config(**TINY)
+    full = train.run("scaling_rl.flow.grpo", cfg, tmp_path / "full", seeds=2, progress=False)
+    assert len(full) == 2 * 3 and {"reward", "kl", "eval_return", "flops", "loss"} <= set(full.columns)
+
+    def kill(chunk, df):
+        if chunk == 0:     # after chunk 0's checkpoint: the rerun continues at chunk 1
+            raise _Kill
+    with pytest.raises(_Kill):
+        train.run("scaling_rl.flow.grpo", cfg, tmp_path / "cut", seeds=2, progress=False,
+                  checkpoint_every=1, on_chunk=kill)
+    done = []
+    resumed = train.run("scaling_rl.flow.grpo", cfg, tmp_path / "cut", seeds=2, progress=False,
+                        on_chunk=lambda c, df: done.append(c))
+    assert done == [1, 2]
+    pd.testing.assert_frame_equal(_data(resumed), _data(full), check_exact=True)
+    a, _ = train.load_state(tmp_path / "full")
+    b, _ = train.load_state(tmp_path / "cut")
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_flow_grpo_sweep_trial_kind(tmp_path):
+    from scaling_rl import cli
+    from scaling_rl.sweep import Store, registry
+
+    kind = registry.get("flow_grpo")
+    assert kind.param_count(TINY) == grpo.make(grpo.Config(**TINY)).param_count > 0
+    assert kind.packable() == ("lr",)
+    out = tmp_path / "store"
+    spec = tmp_path / "flow.yaml"
+    spec.write_text(yaml.safe_dump({"name": "flow", "agent": "flow_grpo", "out_dir": str(out),
+                                    "seeds": 1, "base": TINY, "grid": {"width": [8, 16]}}))
+    assert cli.main(["sweep", "run", str(spec), "--workers", "0", "--no-progress"]) == 0
+    store = Store(out)
+    assert len(store.trial_ids()) == 2
+    for tid in store.trial_ids():
+        assert store.status(tid)["state"] == "done"
+        rec = json.loads((store.trial_dir(tid) / "config.json").read_text())
+        assert rec["param_count"] == kind.param_count(store.trial(tid).config)
+    assert cli.main(["sweep", "collect", str(out), "--no-progress"]) == 0
+    df = pd.read_parquet(out / "results.parquet")
+    assert len(df) == 2 * 3 and df["param_count"].nunique() == 2
+    assert sorted(df["env_steps"].unique()) == [16, 32, 48]
+    assert {"eval_return", "kl", "reward", "width"} <= set(df.columns)
+    # rerunning the spec trains nothing
+    before = {t: (store.trial_dir(t) / "metrics.parquet").stat().st_mtime_ns for t in store.trial_ids()}
+    assert cli.main(["sweep", "run", str(spec), "--workers", "0", "--no-progress"]) == 0
+    assert before == {t: (store.trial_dir(t) / "metrics.parquet").stat().st_mtime_ns
+                      for t in store.trial_ids()}
