@@ -1,8 +1,11 @@
 """Sampling and scoring with a torch causal LM: prompts -> completions -> rewards / log-probs.
 
 Prompts are left-padded; position ids come from the attention mask, so padding never shifts a
-sequence. Sampling is our own KV-cached loop (temperature, top-p, EOS stop) driven by an explicit
-`torch.Generator`, which makes runs reproducible and resumable.
+sequence. Sampling is our own KV-cached loop (temperature, top-p, stop at any of the EOS ids) driven by an
+explicit `torch.Generator`, which makes runs reproducible and resumable. With `record_logp=True` a
+batch also carries the behaviour policy's per-token log-prob (under logits / temperature, the
+trainer's convention; top-p truncation is not renormalised into it) and the policy version of each
+token, which the asynchronous objectives need.
 """
 from __future__ import annotations
 
@@ -21,12 +24,47 @@ class Batch:
     completion_ids: torch.Tensor    # (B, T) right-padded with pad after EOS
     completion_mask: torch.Tensor   # (B, T) 1 up to and including the first EOS
     finished: torch.Tensor          # (B,) bool: an EOS was produced
+    logp: torch.Tensor | None = None      # (B, T) behaviour log-prob of each sampled token
+    versions: torch.Tensor | None = None  # (B, T) int64 policy version that sampled each token
 
 
-def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def stop_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every id that ends a completion: the tokenizer's EOS and all of the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    gen_cfg = getattr(model, "generation_config", None)
+    extra = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+    ids.update(extra if isinstance(extra, (list, tuple)) else [extra])
+    return tuple(sorted(i for i in ids if i is not None))
+
+
+def _is_stop(tokens: torch.Tensor, eos_id) -> torch.Tensor:
+    if isinstance(eos_id, int):
+        return tokens == eos_id
+    return torch.isin(tokens, torch.as_tensor(list(eos_id), device=tokens.device))
+
+
+def first_stop_mask(ids: torch.Tensor, eos_id) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask = 1 up to and including the first stop id (everything when none), finished (B,))."""
+    is_eos = _is_stop(ids, eos_id)
+    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    return (~after_eos).long(), is_eos.any(-1)
+
+
+def render_prompts(tokenizer, prompts: list[str], chat_template: bool = False) -> list[str]:
+    """Prompts as the model sees them: through the tokenizer's chat template (one user turn plus
+    the generation prompt) when `chat_template` is set and the tokenizer has one, else unchanged."""
+    if not chat_template or not getattr(tokenizer, "chat_template", None):
+        return list(prompts)
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                          add_generation_prompt=True) for p in prompts]
+
+
+def encode_prompts(tokenizer, prompts: list[str], chat_template: bool = False,
+                   device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    prompts = render_prompts(tokenizer, prompts, chat_template)
     enc = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt",
                     add_special_tokens=False)
-    return enc["input_ids"], enc["attention_mask"]
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -59,45 +97,56 @@ def _new_cache(model):
 
 
 def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int,
-           eos_id: int, pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
-           generator: torch.Generator | None = None) -> Batch:
-    """Sample one completion per row, stopping rows at EOS and the batch when all stopped."""
+           eos_id, pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
+           generator: torch.Generator | None = None, record_logp: bool = False,
+           version: int = 0) -> Batch:
+    """Sample one completion per row, stopping a row at any id of `eos_id` (an int or a sequence)
+    and the batch when all rows stopped. `record_logp`: also return the behaviour log-probs and
+    `version` as every token's policy version."""
     with torch.inference_mode():
-        ids, mask, finished = _sample(model, prompt_ids, prompt_mask, max_new_tokens, eos_id,
-                                      pad_id, temperature, top_p, generator)
+        ids, logp = _sample(model, prompt_ids, prompt_mask, max_new_tokens, eos_id, pad_id,
+                            temperature, top_p, generator, record_logp)
+        mask, finished = first_stop_mask(ids, eos_id)
     # clones made outside inference mode, so autograd may later save them (e.g. gather indices)
-    return Batch(prompt_ids, prompt_mask, ids.clone(), mask.clone(), finished.clone())
+    versions = torch.full_like(ids, version) if record_logp else None
+    return Batch(prompt_ids, prompt_mask, ids.clone(), mask.clone(), finished.clone(),
+                 None if logp is None else logp.clone(), versions)
+
+
+def token_logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature)[token] in float32 (the trainer's log-prob convention)."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return F.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
 
 
 def _sample(model, prompt_ids, prompt_mask, max_new_tokens, eos_id, pad_id, temperature, top_p,
-            generator):
-    B = prompt_ids.shape[0]
+            generator, record_logp=False):
+    B, dev = prompt_ids.shape[0], prompt_ids.device
     pos = _positions(prompt_mask)
     cache_kw, cache = _new_cache(model)  # filled in place by every forward
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos,
                 use_cache=True, logits_to_keep=1, **{cache_kw: cache})
     logits = out.logits[:, -1]
     attn, next_pos = prompt_mask, pos[:, -1:] + 1
-    done = torch.zeros(B, dtype=torch.bool)
-    tokens = []
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    tokens, logps = [], []
     for t in range(max_new_tokens):
         tok = _sample_next(logits, temperature, top_p, generator)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         tokens.append(tok)
-        done = done | (tok == eos_id)
+        if record_logp:
+            logps.append(token_logp(logits, tok, temperature))
+        done = done | _is_stop(tok, eos_id)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
-        attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype)], dim=1)
+        attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=dev)], dim=1)
         out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
                     use_cache=True, **{cache_kw: cache})
         logits = out.logits[:, -1]
         next_pos = next_pos + 1
-    ids = torch.stack(tokens, dim=1)
-    is_eos = ids == eos_id
-    # mask = 1 up to and including the first EOS (everything when none)
-    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
-    mask = (~after_eos).long()
-    return ids, mask, is_eos.any(-1)
+    return torch.stack(tokens, dim=1), (torch.stack(logps, dim=1) if record_logp else None)
 
 
 def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
@@ -137,29 +186,52 @@ def score(task, problems, tokenizer, batch: Batch) -> np.ndarray:
                     dtype=np.float32)
 
 
+def autocast(device: torch.device, bf16: bool):
+    """bfloat16 autocast on `device` when `bf16` (weights stay float32), else a no-op context."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def sample_groups(model, tokenizer, task, problems, cfg, *, eos_ids, max_len: int,
+                  generator, version: int, device) -> tuple[Batch, np.ndarray]:
+    """`cfg.group_size` completions of each problem (rows grouped per problem), with behaviour
+    log-probs and `version`, and their rewards; `cfg` gives sampling and template settings."""
+    G = cfg.group_size
+    ids, mask = encode_prompts(tokenizer, [p.prompt for p in problems for _ in range(G)],
+                               cfg.chat_template, device)
+    with autocast(torch.device(device), cfg.bf16):
+        batch = sample(model, ids, mask, max_new_tokens=max_len, eos_id=eos_ids,
+                       pad_id=tokenizer.pad_token_id, temperature=cfg.temperature,
+                       top_p=cfg.top_p, generator=generator, record_logp=True, version=version)
+    rewards = score(task, [p for p in problems for _ in range(G)], tokenizer, batch)
+    return batch, rewards
+
+
 def correct_counts(model, tokenizer, task, problems, *, n: int, max_new_tokens: int,
                    temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-                   batch_size: int = 2048) -> np.ndarray:
+                   batch_size: int = 2048, chat_template: bool = False) -> np.ndarray:
     """How many of n samples per problem earn the full reward (pass@k input)."""
-    gen = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
     counts = np.zeros(len(problems), dtype=np.int64)
     flat = [(j, p) for j, p in enumerate(problems) for _ in range(n)]
     model.eval()
     for start in range(0, len(flat), batch_size):
         chunk = flat[start:start + batch_size]
-        ids, mask = encode_prompts(tokenizer, [p.prompt for _, p in chunk])
+        ids, mask = encode_prompts(tokenizer, [p.prompt for _, p in chunk], chat_template, device)
         batch = sample(model, ids, mask, max_new_tokens=max_new_tokens,
-                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                       eos_id=stop_ids(model, tokenizer), pad_id=tokenizer.pad_token_id,
                        temperature=temperature, top_p=top_p, generator=gen)
         rewards = score(task, [p for _, p in chunk], tokenizer, batch)
         np.add.at(counts, [j for j, _ in chunk], (rewards >= 1.0).astype(np.int64))
     return counts
 
 
-def accuracy(model, tokenizer, task, problems, *, max_new_tokens: int) -> float:
+def accuracy(model, tokenizer, task, problems, *, max_new_tokens: int,
+             chat_template: bool = False) -> float:
     """Greedy-decoding accuracy (fraction of problems with full reward)."""
     return float(correct_counts(model, tokenizer, task, problems, n=1,
-                                max_new_tokens=max_new_tokens, temperature=0.0).mean())
+                                max_new_tokens=max_new_tokens, temperature=0.0,
+                                chat_template=chat_template).mean())
 
 
 def _pad_to(x: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
@@ -170,19 +242,24 @@ def _pad_to(x: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor
 
 
 def concat(batches: list[Batch], pad_id: int, completion_width: int | None = None) -> Batch:
-    """Stack batches row-wise, re-padding prompts (left) and completions (right) to common widths."""
+    """Stack batches row-wise, re-padding prompts (left) and completions (right) to common widths.
+    Behaviour log-probs / versions are kept when every batch has them (padded with 0 / -1)."""
     P = max(b.prompt_ids.shape[1] for b in batches)
     T = completion_width or max(b.completion_ids.shape[1] for b in batches)
-    return Batch(
-        torch.cat([_pad_to(b.prompt_ids, P, pad_id, True) for b in batches]),
-        torch.cat([_pad_to(b.prompt_mask, P, 0, True) for b in batches]),
-        torch.cat([_pad_to(b.completion_ids, T, pad_id, False) for b in batches]),
-        torch.cat([_pad_to(b.completion_mask, T, 0, False) for b in batches]),
-        torch.cat([b.finished for b in batches]),
-    )
+
+    def cat(name, width, value, left):
+        parts = [getattr(b, name) for b in batches]
+        if any(p is None for p in parts):
+            return None
+        return torch.cat([_pad_to(p, width, value, left) for p in parts])
+
+    return Batch(cat("prompt_ids", P, pad_id, True), cat("prompt_mask", P, 0, True),
+                 cat("completion_ids", T, pad_id, False), cat("completion_mask", T, 0, False),
+                 torch.cat([b.finished for b in batches]), cat("logp", T, 0.0, False),
+                 cat("versions", T, -1, False))
 
 
 def select(batch: Batch, rows) -> Batch:
-    rows = torch.as_tensor(rows, dtype=torch.long)
-    return Batch(batch.prompt_ids[rows], batch.prompt_mask[rows], batch.completion_ids[rows],
-                 batch.completion_mask[rows], batch.finished[rows])
+    rows = torch.as_tensor(rows, dtype=torch.long, device=batch.prompt_ids.device)
+    values = (getattr(batch, f.name) for f in dataclasses.fields(batch))
+    return Batch(*[None if v is None else v[rows] for v in values])

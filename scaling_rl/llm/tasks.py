@@ -1,15 +1,23 @@
-"""Verifiable tasks with exact-answer rewards: multi-digit addition and countdown arithmetic.
+"""Verifiable tasks with exact-answer rewards: multi-digit addition, countdown, and plug-ins.
 
 A task yields `Problem(prompt, answer, numbers, target)` from a deterministic train/test split and
 scores a decoded completion: 1.0 when exactly right, else `format_reward` when the completion is
 well formed (finished with EOS and parseable), else 0.0. `solution(problem)` is a reference
 completion for the SFT warm start.
+
+Plug-ins: `register_task(name, factory)` adds a task by name; `register_reward(name, fn)` adds a
+reward `fn(problem, completion, finished) -> float`, usable by any task (`reward=` of `make_task`).
+`JsonlTask` reads prompts from a JSONL file (`task="jsonl", dataset=PATH, reward=NAME`).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from fractions import Fraction
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
 import numpy as np
 
 
@@ -20,6 +28,7 @@ class Problem:
     answer: str      # reference completion (without EOS)
     numbers: tuple[int, ...] = ()
     target: int = 0
+    info: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)  # JSONL extras
 
 
 def _split_of(key: int, test_fraction: float) -> str:
@@ -214,11 +223,132 @@ def _stable_key(key) -> int:
     return k % 2**31
 
 
+# ---- plug-ins: rewards and tasks by name ---------------------------------------------------------
+
+RewardFn = Callable[[Problem, str, bool], float]
+REWARDS: dict[str, RewardFn] = {}
+TASKS: dict[str, Callable[..., Any]] = {}
+
+
+def register_reward(name: str, fn: RewardFn | None = None, *, overwrite: bool = False):
+    """Register `fn(problem, completion, finished) -> float` as reward `name` (usable as a
+    decorator: `@register_reward("mine")`)."""
+    def add(f):
+        if name in REWARDS and not overwrite:
+            raise ValueError(f"reward: {name!r} is already registered; pass overwrite=True")
+        REWARDS[name] = f
+        return f
+    return add if fn is None else add(fn)
+
+
+def register_task(name: str, factory: Callable[..., Any], *, overwrite: bool = False) -> None:
+    """Register a task factory; it is called with the keyword arguments of `make_task`."""
+    if name in TASKS and not overwrite:
+        raise ValueError(f"task: {name!r} is already registered; pass overwrite=True")
+    TASKS[name] = factory
+
+
+@register_reward("exact_match")
+def exact_match(problem: Problem, completion: str, finished: bool) -> float:
+    """1 when the finished completion equals the reference answer (surrounding spaces ignored)."""
+    return float(finished and completion.strip() == problem.answer.strip())
+
+
+@register_reward("numeric")
+def numeric_match(problem: Problem, completion: str, finished: bool) -> float:
+    """1 when the finished completion's last number equals the reference answer's last number."""
+    nums = [re.findall(r"-?\d+(?:\.\d+)?", t) for t in (completion, problem.answer)]
+    return float(finished and bool(nums[0]) and bool(nums[1])
+                 and float(nums[0][-1]) == float(nums[1][-1]))
+
+
+class JsonlTask:
+    """Prompts from a JSONL file, one object per line: "prompt" (required), "answer" (reference
+    completion: the SFT target and what `exact_match`/`numeric` compare with), optional "split"
+    ("train" | "test"; default a deterministic hash split) and any other fields (kept in
+    `Problem.info` for custom rewards)."""
+
+    name = "jsonl"
+
+    def __init__(self, path, reward: str = "exact_match", format_reward: float = 0.0,
+                 test_fraction: float = 0.1):
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"dataset: {str(path)!r} is not a file; give a JSONL file of prompts")
+        if reward not in REWARDS:
+            raise ValueError(f"reward: {reward!r} is not registered; known: {sorted(REWARDS)}")
+        self._reward, self.format_reward = REWARDS[reward], format_reward
+        self._pool: dict[str, list[Problem]] = {"train": [], "test": []}
+        for n, line in enumerate(path.read_text().splitlines()):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                prompt = str(row.pop("prompt"))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                raise ValueError(f"dataset: line {n + 1} of {path} is not a JSON object with a "
+                                 "\"prompt\"") from None
+            answer = str(row.pop("answer", ""))
+            split = row.pop("split", None) or _split_of(n + 1, test_fraction)
+            if split not in self._pool:
+                raise ValueError(f"dataset: line {n + 1} of {path} has split {split!r}; use train or test")
+            self._pool[split].append(Problem(n, prompt, answer, info=row))
+        if not self._pool["train"]:
+            raise ValueError(f"dataset: {path} has no training prompts")
+
+    def problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        pool = self._pool[split]
+        idx = np.random.default_rng(seed).choice(len(pool), size=min(n, len(pool)), replace=False)
+        return [pool[int(i)] for i in idx]
+
+    def max_answer_chars(self) -> int:
+        answers = [len(p.answer) for ps in self._pool.values() for p in ps]
+        return max(max(answers), 1)
+
+    def solution(self, problem: Problem) -> str:
+        return problem.answer
+
+    def reward(self, problem: Problem, completion: str, finished: bool) -> float:
+        return float(self._reward(problem, completion, finished))
+
+
+class _WithReward:
+    """A task whose reward is replaced by a registered one (everything else delegated)."""
+
+    def __init__(self, task, reward: RewardFn):
+        self._task, self._fn = task, reward
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+    def reward(self, problem: Problem, completion: str, finished: bool) -> float:
+        return float(self._fn(problem, completion, finished))
+
+
+register_task("addition", lambda digits=2, format_reward=0.0, **_: AdditionTask(digits, format_reward))
+register_task("countdown", lambda countdown_numbers=3, format_reward=0.0, **_:
+              CountdownTask(numbers=countdown_numbers, format_reward=format_reward))
+
+
+def _jsonl(dataset: str = "", reward: str = "", format_reward: float = 0.0, **_):
+    if not dataset:
+        raise ValueError("dataset: '' is empty; task=jsonl needs dataset=<file.jsonl>")
+    return JsonlTask(dataset, reward or "exact_match", format_reward)
+
+
+register_task("jsonl", _jsonl)
+
+
 def make_task(name: str, *, digits: int = 2, countdown_numbers: int = 3,
-              format_reward: float = 0.0):
-    """Task by name: "addition" | "countdown"."""
-    if name == "addition":
-        return AdditionTask(digits=digits, format_reward=format_reward)
-    if name == "countdown":
-        return CountdownTask(numbers=countdown_numbers, format_reward=format_reward)
-    raise ValueError(f"task: {name!r} is unknown; use 'addition' or 'countdown'")
+              format_reward: float = 0.0, dataset: str = "", reward: str = ""):
+    """Task by registered name ("addition", "countdown", "jsonl", or a plug-in); `reward` names a
+    registered reward that replaces the task's own."""
+    if name not in TASKS:
+        raise ValueError(f"task: {name!r} is unknown; use one of {sorted(TASKS)}")
+    if reward and reward not in REWARDS:
+        raise ValueError(f"reward: {reward!r} is not registered; known: {sorted(REWARDS)}")
+    task = TASKS[name](digits=digits, countdown_numbers=countdown_numbers,
+                       format_reward=format_reward, dataset=dataset, reward=reward)
+    if reward and name != "jsonl":
+        task = _WithReward(task, REWARDS[reward])
+    return task

@@ -49,7 +49,10 @@ class GRPOConfig:
     num_heads: int = 4
     init_from: str = ""               # saved policy directory to start from (skips SFT)
     # task
-    task: str = "addition"            # "addition" | "countdown"
+    task: str = "addition"            # "addition" | "countdown" | "jsonl" | a registered plug-in
+    dataset: str = ""                 # task=jsonl: JSONL file of {"prompt", "answer", ...}
+    reward: str = ""                  # a registered reward name replacing the task's own
+    chat_template: bool = True        # wrap prompts in the tokenizer's chat template if it has one
     digits: int = 2
     countdown_numbers: int = 3
     format_reward: float = 0.0
@@ -84,12 +87,26 @@ class GRPOConfig:
     selective_rollouts: bool = False  # GRESO pre-rollout filter
     greso_target: float = 0.25
     greso_step: float = 0.01
+    # rollout layer (scaling_rl.llm.sources) and off-policy objectives
+    rollout: str = "sync"             # sync | async (AReaL) | pipeline (PipelineRL) | tba | ray
+    objective: str = "grpo"           # grpo | decoupled_ppo (AReaL) | tis (PipelineRL) | vargrad (TBA)
+    max_staleness: int = 1            # η: generation runs at most η policy versions ahead
+    is_cap: float = 5.0               # decoupled_ppo: drop tokens with π_prox/π_behav above it;
+                                      # tis: truncation c of π_θ/π_behav (<= 0: no cap)
+    tb_beta: float = 0.1              # vargrad: rewards enter as r / tb_beta
+    searchers: int = 2                # tba / ray: K generation workers (searchers, actors)
+    sync_every: int = 1               # tba: searchers receive weights every this many steps
+    replay_capacity: int = 256        # tba: groups kept in the replay buffer
+    replay_reward_fraction: float = 0.5  # tba: share of each batch drawn by reward (rest: recency)
+    replay_temperature: float = 0.1   # tba: reward-prioritised draw ∝ exp(mean group reward / T)
     # bookkeeping
     eval_every: int = 10
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     seed: int = 0
     torch_threads: int = 1            # tiny models run fastest single-threaded
+    device: str = "cpu"               # "cpu", "cuda", "cuda:1", ... or "auto" (cuda if available)
+    bf16: bool = False                # bfloat16 autocast for forward passes (weights stay float32)
 
     def __post_init__(self):
         def need(cond, key, what):
@@ -98,7 +115,13 @@ class GRPOConfig:
         need(self.loss_type in objectives.LOSS_TYPES, "loss_type", f"is unknown; use one of {objectives.LOSS_TYPES}")
         need(self.scale_rewards in objectives.SCALE_REWARDS, "scale_rewards",
              f"is unknown; use one of {objectives.SCALE_REWARDS}")
-        need(self.task in ("addition", "countdown"), "task", "is unknown; use addition or countdown")
+        from scaling_rl.llm import tasks as _tasks
+        need(self.task in _tasks.TASKS, "task", f"is unknown; use one of {sorted(_tasks.TASKS)}")
+        need(self.task != "jsonl" or self.dataset, "dataset", "is empty; task=jsonl needs a JSONL file")
+        need(not self.reward or self.reward in _tasks.REWARDS, "reward",
+             f"is not registered; known: {sorted(_tasks.REWARDS)}")
+        need(self.device == "auto" or _is_device(self.device), "device",
+             "is not a torch device; use cpu, cuda, cuda:<i> or auto")
         for key in ("steps", "sft_steps", "max_completion_length", "weight_decay", "beta", "eval_samples",
                     "epsilon_low", "epsilon_high", "format_reward", "seed"):
             need(getattr(self, key) >= 0, key, "is negative; use a value >= 0")
@@ -108,10 +131,25 @@ class GRPOConfig:
                     "num_layers", "num_heads"):
             need(getattr(self, key) >= 1, key, "must be >= 1")
         need(self.group_size >= 2, "group_size", "must be >= 2 (advantages compare within a group)")
-        need(self.temperature >= 0, "temperature", "is negative; use >= 0 (0 = greedy)")
+        need(self.temperature > 0, "temperature", "must be > 0 for training (greedy samples have no "
+             "usable log-probs); evaluation is already greedy")
         need(0 < self.top_p <= 1, "top_p", "is outside (0, 1]")
         need(self.lr > 0 and self.sft_lr > 0, "lr", "must be > 0 (lr and sft_lr)")
         need(self.epsilon_low < 1, "epsilon_low", "must be < 1")
+        from scaling_rl.llm import sources as _sources
+        need(self.rollout in _sources.SOURCES, "rollout", f"is unknown; use one of {_sources.SOURCES}")
+        need(self.objective in objectives.OBJECTIVES, "objective",
+             f"is unknown; use one of {objectives.OBJECTIVES}")
+        need(self.rollout == "sync" or not (self.selective_rollouts or self.dynamic_sampling),
+             "rollout", "cannot use selective_rollouts / dynamic_sampling (sync only); use rollout=sync")
+        for key in ("max_staleness", "searchers", "sync_every", "replay_capacity"):
+            need(getattr(self, key) >= 1, key, "must be >= 1")
+        need(self.tb_beta > 0 and self.replay_temperature > 0, "tb_beta",
+             "must be > 0 (tb_beta and replay_temperature)")
+        need(0 <= self.replay_reward_fraction <= 1, "replay_reward_fraction", "is outside [0, 1]")
+        need(self.is_cap <= 0 or self.is_cap >= 1, "is_cap", "must be >= 1 (or <= 0: no cap)")
+        need(self.rollout != "tba" or self.replay_capacity >= self.prompts_per_step, "replay_capacity",
+             "must hold at least prompts_per_step groups")
         need(self.prompts_per_step * self.group_size % self.num_minibatches == 0, "num_minibatches",
              "must divide prompts_per_step * group_size")
 
@@ -135,9 +173,27 @@ class GRPOConfig:
         return cls(**out)
 
 
+def _is_device(name: str) -> bool:
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def resolve_device(name: str) -> torch.device:
+    """torch.device for a config's `device`; a CUDA device without CUDA is a one-line error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {name!r} but torch.cuda.is_available() is False; use device=cpu")
+    return dev
+
+
 # ---- SFT warm start ----------------------------------------------------------------------------
 
-def _completion_tensors(tokenizer, texts: list[str], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _completion_tensors(tokenizer, texts: list[str], width: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded token ids of `text + EOS` and their mask."""
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     out = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -146,12 +202,13 @@ def _completion_tensors(tokenizer, texts: list[str], width: int) -> tuple[torch.
         row = (row + [tokenizer.eos_token_id])[:width]
         out[i, :len(row)] = torch.tensor(row)
         mask[i, :len(row)] = 1
-    return out, mask
+    return out.to(device), mask.to(device)
 
 
 def sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed: int,
         max_len: int, target_accuracy: float = 0.0, check_every: int = 50,
-        weight_decay: float = 0.0, log=None) -> dict:
+        weight_decay: float = 0.0, log=None, chat_template: bool = False,
+        autocast=contextlib.nullcontext) -> dict:
     """Teacher-forced cross-entropy on reference solutions of training problems.
 
     Stops early once greedy accuracy on 200 training problems reaches `target_accuracy` (checked
@@ -170,9 +227,13 @@ def sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed:
         for group in opt.param_groups:
             group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
         probs = [pool[int(i)] for i in rng.integers(len(pool), size=batch_size)]
-        p_ids, p_mask = rollout.encode_prompts(tokenizer, [p.prompt for p in probs])
-        c_ids, c_mask = _completion_tensors(tokenizer, [task.solution(p) for p in probs], max_len)
-        logp, _ = rollout.completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+        device = next(model.parameters()).device
+        p_ids, p_mask = rollout.encode_prompts(tokenizer, [p.prompt for p in probs], chat_template,
+                                               device)
+        c_ids, c_mask = _completion_tensors(tokenizer, [task.solution(p) for p in probs], max_len,
+                                            device)
+        with autocast():
+            logp, _ = rollout.completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
         loss = -(logp * c_mask).sum() / c_mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -181,7 +242,9 @@ def sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed:
         loss_value = float(loss.detach())
         if target_accuracy > 0 and (step % check_every == 0 or step == steps):
             model.eval()
-            probe_acc = rollout.accuracy(model, tokenizer, task, probe, max_new_tokens=max_len)
+            with autocast():
+                probe_acc = rollout.accuracy(model, tokenizer, task, probe, max_new_tokens=max_len,
+                                             chat_template=chat_template)
             if log:
                 log(f"sft step {step:5d}  loss {loss_value:.3f}  probe accuracy {probe_acc:.3f}")
             if probe_acc >= target_accuracy:
@@ -236,13 +299,14 @@ class GRPOTrainer:
     def __init__(self, config: GRPOConfig, out_dir=None):
         self.cfg = c = config
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.device = resolve_device(c.device)
         self.task = make_task(c.task, digits=c.digits, countdown_numbers=c.countdown_numbers,
-                              format_reward=c.format_reward)
+                              format_reward=c.format_reward, dataset=c.dataset, reward=c.reward)
         self.max_len = c.max_completion_length or self.task.max_answer_chars() + 1
         self.pool = self.task.problems("train", c.train_pool, seed=c.seed)
         self.eval_set = self.task.problems("test", c.eval_problems, seed=EVAL_SEED)
         self.rng = np.random.default_rng(c.seed)
-        self.gen = torch.Generator().manual_seed(c.seed)
+        self.gen = torch.Generator(device=self.device).manual_seed(c.seed)
         self.order = self.rng.permutation(len(self.pool))
         self.cursor, self.epoch, self.step = 0, 0, 0
         self.counters = {"rollouts": 0, "rollouts_saved": 0, "num_tokens": 0}
@@ -251,7 +315,27 @@ class GRPOTrainer:
         self.rows: list[dict] = []
         self.objective = torch_op(objectives.objective_fn(
             c.loss_type, float(c.epsilon_low), float(c.epsilon_high), float(c.beta), self.max_len))
+        self.policy_objective = torch_op(objectives.policy_objective_fn(
+            c.objective, c.loss_type, float(c.epsilon_low), float(c.epsilon_high), float(c.beta),
+            self.max_len, float(c.is_cap), float(c.tb_beta), c.group_size))
+        self.source = None               # built in setup(): sources.make_source(self)
+        jax_gpu = jax.default_backend() == "gpu" and self.device.type == "cuda"
+        self._objective_device = self.device if jax_gpu else torch.device("cpu")
+        self.version_log: list[dict] = []  # per step: versions of every consumed completion
         self.model = self.tokenizer = self.ref_model = self.opt = None
+        self.eos_ids: tuple[int, ...] = ()
+
+    def autocast(self):
+        """bfloat16 autocast around forward passes when `bf16` (weights and log-probs stay fp32)."""
+        return rollout.autocast(self.device, self.cfg.bf16)
+
+    def _placed(self, model):
+        """`model` in float32 on the run's device, in eval mode."""
+        return model.float().to(self.device).eval()
+
+    def _set_policy(self, model, tokenizer):
+        self.model, self.tokenizer = self._placed(model), tokenizer
+        self.eos_ids = rollout.stop_ids(model, tokenizer)
 
     # -- set-up / persistence --
     def _make_optimizer(self):
@@ -259,10 +343,14 @@ class GRPOTrainer:
                                      weight_decay=self.cfg.weight_decay, betas=(0.9, 0.99),
                                      foreach=True)
 
+    @property
+    def needs_reference(self) -> bool:
+        return self.cfg.beta > 0 or self.cfg.objective == "vargrad"
+
     def _load_reference(self, path):
-        if self.cfg.beta > 0:
-            self.ref_model, _ = load_policy(str(path))
-            self.ref_model.eval().requires_grad_(False)
+        if self.needs_reference:
+            ref, _ = load_policy(str(path))
+            self.ref_model = self._placed(ref).requires_grad_(False)
 
     def setup(self, progress: bool = False) -> None:
         """Fresh start (SFT warm start -> base_model/) or resume from the last checkpoint."""
@@ -273,20 +361,20 @@ class GRPOTrainer:
             return
         base_dir = self.out_dir / "base_model" if self.out_dir else None
         if base_dir is not None and base_dir.exists():
-            self.model, self.tokenizer = load_policy(str(base_dir))
+            self._set_policy(*load_policy(str(base_dir)))
             row0 = None
         else:
             source = c.init_from or c.model
-            self.model, self.tokenizer = load_policy(source, hidden_size=c.hidden_size,
-                                                     num_layers=c.num_layers,
-                                                     num_heads=c.num_heads, seed=c.seed)
-            self.model.float()
+            self._set_policy(*load_policy(source, hidden_size=c.hidden_size,
+                                          num_layers=c.num_layers, num_heads=c.num_heads,
+                                          seed=c.seed))
             row0 = {"step": 0}
             if c.sft_steps and not c.init_from:
                 info = sft(self.model, self.tokenizer, self.task, steps=c.sft_steps,
                            batch_size=c.sft_batch_size, lr=c.sft_lr, seed=c.seed,
                            max_len=self.max_len, target_accuracy=c.sft_target_accuracy,
-                           log=print if progress else None)
+                           log=print if progress else None, chat_template=c.chat_template,
+                           autocast=self.autocast)
                 row0.update({f"sft/{k}": v for k, v in info.items()})
             row0.update(self.evaluate())
             if base_dir is not None:
@@ -298,14 +386,26 @@ class GRPOTrainer:
             self._load_reference(base_dir)
         else:
             self._reference_from_memory()
+        self._start_source({})
         if row0 is not None:
             self.rows = [row0]
         elif self.out_dir and (self.out_dir / "metrics.parquet").exists():
             self.rows = pd.read_parquet(self.out_dir / "metrics.parquet").query("step == 0") \
                 .to_dict("records")
 
+    def _start_source(self, state: dict) -> None:
+        from scaling_rl.llm.sources import make_source
+        self.source = make_source(self)
+        self.source.load_state_dict(state)
+
+    def close(self) -> None:
+        """Stop the rollout source's workers (idempotent)."""
+        if self.source is not None:
+            self.source.close()
+            self.source = None
+
     def _reference_from_memory(self):
-        if self.cfg.beta > 0:
+        if self.needs_reference:
             import copy
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
 
@@ -320,6 +420,7 @@ class GRPOTrainer:
                 "order": self.order.tolist(), "cursor": self.cursor, "epoch": self.epoch,
                 "step": self.step, "counters": dict(self.counters),
                 "greso": self.greso.state_dict() if self.greso else None,
+                "source": self.source.state_dict() if self.source else {},
             }, tmp / "trainer_state.pt")
         self._write_metrics()
         old = sorted((self.out_dir / "checkpoints").glob("step_*"))[:-self.cfg.keep_checkpoints]
@@ -327,12 +428,11 @@ class GRPOTrainer:
             shutil.rmtree(path, ignore_errors=True)
 
     def _restore(self, ckpt: Path) -> None:
-        self.model, self.tokenizer = load_policy(str(ckpt / "model"))
-        self.model.float().eval()
+        self._set_policy(*load_policy(str(ckpt / "model")))
         self._make_optimizer()
-        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        state = torch.load(ckpt / "trainer_state.pt", weights_only=False, map_location="cpu")
         self.opt.load_state_dict(state["optimizer"])
-        self.gen.set_state(state["torch_generator"])
+        self.gen.set_state(state["torch_generator"].cpu())
         self.rng.bit_generator.state = state["numpy_rng"]
         self.order = np.asarray(state["order"])
         self.cursor, self.epoch, self.step = state["cursor"], state["epoch"], state["step"]
@@ -340,6 +440,7 @@ class GRPOTrainer:
         if self.greso is not None and state["greso"] is not None:
             self.greso.load_state_dict(state["greso"])
         self._load_reference(self.out_dir / "base_model")
+        self._start_source(state.get("source") or {})
         metrics = self.out_dir / "metrics.parquet"
         if metrics.exists():
             df = pd.read_parquet(metrics)
@@ -359,14 +460,17 @@ class GRPOTrainer:
         Sampling uses its own generator seeded by the step, so evaluating never perturbs the
         training stream and two runs evaluated at the same step share random numbers.
         """
-        out = {"eval/accuracy": rollout.accuracy(self.model, self.tokenizer, self.task,
-                                                 self.eval_set, max_new_tokens=self.max_len)}
-        if self.cfg.eval_samples:
-            counts = rollout.correct_counts(
-                self.model, self.tokenizer, self.task, self.eval_set, n=self.cfg.eval_samples,
-                max_new_tokens=self.max_len, temperature=self.cfg.temperature,
-                top_p=self.cfg.top_p, seed=EVAL_SEED + self.step)
-            out["eval/pass@1"] = float(counts.mean() / self.cfg.eval_samples)
+        chat = self.cfg.chat_template
+        with self.autocast():
+            out = {"eval/accuracy": rollout.accuracy(self.model, self.tokenizer, self.task,
+                                                     self.eval_set, max_new_tokens=self.max_len,
+                                                     chat_template=chat)}
+            if self.cfg.eval_samples:
+                counts = rollout.correct_counts(
+                    self.model, self.tokenizer, self.task, self.eval_set, n=self.cfg.eval_samples,
+                    max_new_tokens=self.max_len, temperature=self.cfg.temperature,
+                    top_p=self.cfg.top_p, seed=EVAL_SEED + self.step, chat_template=chat)
+                out["eval/pass@1"] = float(counts.mean() / self.cfg.eval_samples)
         return out
 
     # -- rollouts --
@@ -379,15 +483,9 @@ class GRPOTrainer:
         return problem
 
     def _rollout(self, problems) -> tuple[rollout.Batch, np.ndarray]:
-        G, tok = self.cfg.group_size, self.tokenizer
-        prompts = [p.prompt for p in problems for _ in range(G)]
-        ids, mask = rollout.encode_prompts(tok, prompts)
-        batch = rollout.sample(self.model, ids, mask, max_new_tokens=self.max_len,
-                               eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                               temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                               generator=self.gen)
-        rewards = rollout.score(self.task, [p for p in problems for _ in range(G)], tok, batch)
-        return batch, rewards
+        return rollout.sample_groups(self.model, self.tokenizer, self.task, problems, self.cfg,
+                                     eos_ids=self.eos_ids, max_len=self.max_len,
+                                     generator=self.gen, version=self.step, device=self.device)
 
     def collect(self) -> dict:
         """Groups for one update: GRESO pre-filter, rollouts, optional dynamic-sampling refill."""
@@ -434,12 +532,14 @@ class GRPOTrainer:
     # -- one GRPO step --
     def _logprobs(self, model, batch, rows=None, with_entropy=False):
         b = batch if rows is None else rollout.select(batch, rows)
-        return rollout.completion_logprobs(model, b.prompt_ids, b.prompt_mask, b.completion_ids,
-                                           b.completion_mask, self.cfg.temperature, with_entropy)
+        with self.autocast():
+            return rollout.completion_logprobs(model, b.prompt_ids, b.prompt_mask,
+                                               b.completion_ids, b.completion_mask,
+                                               self.cfg.temperature, with_entropy)
 
     def train_step(self) -> dict:
         t0 = time.perf_counter()
-        data = self.collect()
+        data = self.source.pull()
         t_gen = time.perf_counter() - t0
         gen = data["generated"]
         row: dict[str, Any] = {
@@ -451,21 +551,39 @@ class GRPOTrainer:
             **data.get("greso", {}),
         }
         if "batch" in data:
+            row.update(self._staleness(data["batch"]))
             row.update(self._update(data["batch"], data["rewards"]))
         else:  # every group was uninformative: nothing to learn from this step
             row["groups_used"] = 0
+        row.update(data.get("source", {}))
         self.step += 1
+        self.source.publish(self.model, self.step)
         elapsed = time.perf_counter() - t0
         row.update(self.counters)
         row["tokens_per_s"] = row.pop("_step_tokens", 0) / elapsed
         row["generation_s"], row["step_s"] = t_gen, elapsed
         return row
 
+    def _staleness(self, batch: rollout.Batch) -> dict:
+        """Versions of the consumed completions; staleness = trainer version - token version."""
+        if batch.versions is None:
+            return {}
+        m = batch.completion_mask.bool()
+        big = torch.iinfo(torch.long).max
+        oldest = torch.where(m, batch.versions, big).min(-1).values.cpu()
+        newest = torch.where(m, batch.versions, -1).max(-1).values.cpu()
+        self.version_log.append({"step": self.step, "oldest": oldest.numpy(),
+                                 "newest": newest.numpy()})
+        stale = self.step - oldest.double()
+        return {"staleness_mean": float(stale.mean()), "staleness_max": float(stale.max()),
+                "mixed_version_frac": float((newest != oldest).double().mean())}
+
     def _update(self, batch: rollout.Batch, rewards: np.ndarray) -> dict:
         c = self.cfg
         adv, zero_std = _advantages_fn(c.group_size, c.scale_rewards)(
             to_jax(torch.from_numpy(rewards)))
-        adv = to_torch(adv).clone()
+        adv = to_torch(adv).clone().to(self.device)
+        rewards_t = torch.from_numpy(rewards).to(self.device)
         mask = batch.completion_mask.float()
         B = mask.shape[0]
         lengths = batch.completion_mask.sum(-1).float()
@@ -474,18 +592,32 @@ class GRPOTrainer:
         need_old = c.num_iterations > 1 or c.num_minibatches > 1
         with torch.no_grad():
             old_logp = self._logprobs(self.model, batch)[0] if need_old else None
-            ref_logp = self._logprobs(self.ref_model, batch)[0] if c.beta > 0 else None
+            ref_logp = self._logprobs(self.ref_model, batch)[0] if self.needs_reference else None
+            behav = batch.logp if batch.logp is not None else old_logp
         splits = np.array_split(np.arange(B), min(c.num_minibatches, B))
-        num_items = torch.tensor(float(mask.sum()) / len(splits))
+        if c.objective == "vargrad":  # groups must stay whole inside a minibatch
+            groups = np.array_split(np.arange(B // c.group_size), min(c.num_minibatches, B // c.group_size))
+            splits = [(g[:, None] * c.group_size + np.arange(c.group_size)).reshape(-1) for g in groups]
+        # as TRL's num_items_in_batch: the completion tokens of the whole generation batch, so a
+        # minibatch's loss is its token sum over that count and the minibatches add up to dapo
+        num_items = mask.sum().cpu()
         self.model.train()
         logs: dict[str, list] = {}
         for _ in range(c.num_iterations):
             for rows in splits:
-                rows_t = torch.as_tensor(rows)
+                rows_t = torch.as_tensor(rows, device=self.device)
                 logp, ent = self._logprobs(self.model, batch, rows, with_entropy=not logs)
                 old = logp.detach() if old_logp is None else old_logp[rows_t]
                 ref = torch.zeros_like(logp) if ref_logp is None else ref_logp[rows_t]
-                loss, m = self.objective(logp, old, ref, adv[rows_t], mask[rows_t], num_items)
+                bh = old if behav is None else behav[rows_t]
+                # JAX runs the objective where it can read the tensors (DLPack): on the host
+                # unless JAX itself has the GPU; `.to` is differentiable, so gradients flow back
+                args = [t.to(self._objective_device) for t in (logp, old, bh, ref, adv[rows_t],
+                                                               rewards_t[rows_t], mask[rows_t])]
+                if c.objective == "grpo":
+                    loss, m = self.objective(*args[:2], *args[3:5], args[6], num_items)
+                else:
+                    loss, m = self.policy_objective(*args, num_items)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
@@ -560,5 +692,8 @@ def run(config: dict | GRPOConfig, out_dir, *, progress: bool = False,
     with _torch_threads(cfg.torch_threads):
         torch.manual_seed(cfg.seed)
         trainer = (trainer_cls or GRPOTrainer)(cfg, out)
-        trainer.setup(progress)
-        return trainer.train(progress=progress)
+        try:
+            trainer.setup(progress)
+            return trainer.train(progress=progress)
+        finally:
+            trainer.close()
