@@ -121,6 +121,12 @@ def test_shapes_detector_is_exact_on_data():
             lit = cell.max(-1) > 0
             assert lit.sum() == 4 and (cell[lit].argmax(-1) == int(colour[i, c])).all()
     assert float(jnp.mean(rewards.shapes_count(x, label))) == 1.0
+    # isolated bright pixels are not shapes; a 2x2 block is, wherever it sits in its cell
+    noise = (-jnp.ones((12, 12, 3))).at[0, 0, 0].set(1.0).at[2, 3, 1].set(1.0).at[9, 9, 2].set(1.0)
+    assert int(data.detect_shapes(noise.reshape(-1))[2]) == 0
+    block = (-jnp.ones((12, 12, 3))).at[5:7, 6:8, 1].set(0.5)
+    occ, col, cnt = data.detect_shapes(block.reshape(-1))
+    assert int(cnt) == 1 and bool(occ[4]) and int(col[4]) == 1
     # colours are uniform: about 1/3 of shapes red; 1/3 of those in the left column
     np.testing.assert_allclose(float(jnp.mean(rewards.shapes_red(x, label))), 1 / 3, atol=0.05)
     np.testing.assert_allclose(float(jnp.mean(rewards.shapes_red_left(x, label))), 1 / 9, atol=0.04)
