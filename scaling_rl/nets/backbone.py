@@ -42,6 +42,20 @@ DEFAULT_ACTIVATION = {"crl": "swish", "bro": "relu", "simba": "relu", "mlp": "re
 # Dense layers per block ("depth" counts Dense layers for crl, blocks for the others).
 DENSE_PER_CRL_BLOCK = 4
 
+# What a scanned block keeps for its backward pass (docs/deep_stacks.md). Left to itself, JAX's scan
+# saves every intermediate the backward needs, 7 (batch, width) arrays per CRL Dense (pre-norm,
+# centred, rsqrt, normalised, sigmoid, ...), each written into a depth-stacked buffer by the forward
+# while loop and read back by the backward one. XLA cannot fuse or rematerialise across the loop, so
+# that memory traffic made the scanned stack up to ~2x slower than the unrolled one, where XLA fuses
+# the same elementwise work into the gradient kernels.
+# Saving only the matmul outputs and recomputing LayerNorm/activation inside the backward loop is
+# what the unrolled program effectively does: same forward values bit for bit, 5 instead of 28
+# saved (batch, width) arrays per CRL block.
+# (None: no checkpoint, the old behaviour; benchmarks/crl_throughput.py --hlo compares the two.)
+SCAN_SAVE_POLICY = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+# remat=True: keep only each block's input (the carry); the backward recomputes the whole block.
+REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
+
 
 @dataclasses.dataclass(frozen=True)
 class BackboneConfig:
@@ -160,13 +174,16 @@ class Backbone(nn.Module):
             h = act(h)
         h = h.astype(jnp.float32)
 
-        # prevent_cse=False is safe (and faster) inside scan; the unrolled loop needs the default.
-        block = nn.remat(Block, prevent_cse=not cfg.scan) if cfg.remat else Block
         if cfg.scan:
+            # Always checkpointed, with a policy (see SCAN_SAVE_POLICY); prevent_cse=False is safe
+            # (and faster) inside scan.
+            policy = REMAT_POLICY if cfg.remat else SCAN_SAVE_POLICY
+            block = Block if policy is None else nn.remat(Block, prevent_cse=False, policy=policy)
             stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                             length=cfg.num_blocks)
             h, _ = stack(cfg, name="blocks")(h, None)
         else:
+            block = nn.remat(Block) if cfg.remat else Block
             for i in range(cfg.num_blocks):
                 h, _ = block(cfg, name=f"blocks_{i}")(h, None)
 
