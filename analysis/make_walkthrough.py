@@ -43,16 +43,22 @@ summary.head()"""),
     ("md", """## 2–3. Data efficiency and fits
 `analyze` normalises returns per task, picks thresholds up to the level every (σ, N) reaches, computes D_J
 from the isotonic seed-mean curve (bootstrapping seeds), chooses the best B and η per (σ, N) in every
-bootstrap sample, and fits the laws with a multi-start L-BFGS-B; every parameter gets a bootstrap interval."""),
-    ("code", """fit = scaling.analyze(curves, scaling.Settings(n_bootstrap=n_bootstrap, n_thresholds=3))
+bootstrap sample, selects between the nested laws of D_J(σ, N) by AICc, and fits the chosen law with one
+estimator (start grid → Levenberg–Marquardt → L-BFGS-B) for the point fit and every bootstrap replicate.
+Read each parameter as the report prints it: `estimate [lo, hi]`, `estimate (no interval: why)`, or
+`not identified (why)` — a parameter the data cannot pin down is never printed as a number."""),
+    ("code", """from scaling_rl.scaling.report import _ci as show
+fit = scaling.analyze(curves, scaling.Settings(n_bootstrap=n_bootstrap, n_thresholds=3))
+print("chosen law:", {t: s["chosen"] for t, s in fit["model_selection"].items()},
+      "| replicates ok everywhere:", f"{fit['bootstrap']['n_ok']}/{fit['bootstrap']['n']}")
 rows = []
 for rec in fit["data_efficiency_sigma_n"]:
     if "params" in rec:
         rows.append({"task": rec["task"], "J": round(rec["threshold"], 3), "R² (log)": round(rec["r2_log"], 4),
-                     **{k: f"{v['estimate']:.3g} [{v['lo']:.3g}, {v['hi']:.3g}]" for k, v in rec["params"].items()}})
+                     "AICc": round(rec["aicc"], 2), **{k: show(v) for k, v in rec["params"].items()}})
 pd.DataFrame(rows)"""),
     ("code", """b = fit["hparams"]["batch_size_sigma"]
-print("B*(σ) slope s =", "{estimate:.2f} [{lo:.2f}, {hi:.2f}]".format(**b["params"]["s"]))
+print("B*(σ) slope s =", show(b["params"]["s"]))
 pd.DataFrame([{k: r[k] for k in ("task", "threshold", "holdout", "mean_abs_log_error_train",
                                  "mean_abs_log_error_heldout")} for r in fit["extrapolation"]])"""),
     ("md", """## 4. Plot
@@ -62,15 +68,17 @@ for fn in (plots.plot_data_efficiency_sigma, plots.plot_contours):
     png = fn(fit, out_dir)[0]
     display(Image(png, width=900))"""),
     ("md", """## 5. Choose N and σ for a budget
-For each threshold the budget-optimal (σ*, N*) minimises F = 10·N·B·σ·D + δ·D; across thresholds σ*, N*, D* and C*
-follow power laws in F. `recommend` reads them at any budget (flagging extrapolation beyond the fitted range)."""),
+For each threshold the budget-optimal (σ*, N*) minimises F = 10·N·B·σ·D + δ·D, searched inside the swept σ and N
+(`Settings(extrapolate=K)` allows K× beyond, marked); an optimum on the edge of that box is reported as "beyond
+the sweep", not as a number. Across thresholds σ*, N*, D* and C* follow power laws in F. `recommend` reads them
+inside the fitted range of budgets (beyond it only with `extrapolate=True`, marked)."""),
     ("code", """al = fit["allocation"]
 print(f"δ = {al['delta']:.3g} FLOPs per env step ({al['delta_source']})")
-pd.DataFrame([{"J": round(r["threshold"], 3), "σ*": r["sigma"], "N*": r["N"], "D*": r["D"], "F*": r["F"],
-               "F if σ only": r["sigma_only"]["F_ratio"], "F if N only": r["N_only"]["F_ratio"]}
+pd.DataFrame([{"J": round(r["threshold"], 3), "σ*": show(r["intervals"]["sigma"]), "N*": show(r["intervals"]["N"]),
+               "on the box edge": r["edge"] or "", "D*": show(r["intervals"]["D"]), "F*": show(r["intervals"]["F"])}
               for r in al["per_threshold"]])"""),
-    ("code", """F_fitted = [r["F"] for r in al["per_threshold"]]
-budget = (min(F_fitted) * max(F_fitted)) ** 0.5  # inside the fitted range; beyond it is extrapolation
+    ("code", """F_lo, F_hi = next(p["F_range"] for p in al["power_laws"] if p["target"] == "D" and "F_range" in p)
+budget = (F_lo * F_hi) ** 0.5  # inside the fitted range; beyond it is extrapolation
 choice = scaling.recommend(fit, budget)
 print(f"budget F = {budget:.3g} FLOPs -> σ = {choice['sigma']:.3g}, N = {choice['N']:.3g} parameters, "
       f"B = {choice['B']:.0f}, D = {choice['D']:.3g} env steps, C = {choice['C']:.3g} FLOPs "

@@ -66,16 +66,16 @@ def test_fit_seed_only_arrays_with_param_count_gives_sigma_star(seed_only_dir, t
     assert fit["levels"]["param_count"] == [1e5]
     al = fit["allocation"]
     assert "skipped" not in al or "model size" not in al["skipped"]
-    sig = al.get("sigma_only_studies") or []
+    sig = [r for r in al.get("per_threshold", []) if r["kind"] == "sigma_law"]   # one-size study: σ only
     assert {r["task"] for r in sig} == {"hop", "run"}
-    assert all(r["N"] == 1e5 and r["sigma"] > 0 and r["F"] > 0 for r in sig)
+    assert all(r["N"] == 1e5 and not r["free"]["N"] and r["sigma"] > 0 and r["F"] > 0 for r in sig)
     report = (out / "report.md").read_text()
     assert "no model size" not in report and "seed columns only" in report
     # Without --param-count the same data has no model size: the budget optimum is skipped, with a hint.
     out2 = tmp_path / "fit2"
     assert _fit(seed_only_dir, out2, "--steps", f"{EVERY:g}:{EVERY:g}") == 0
     fit2 = json.loads((out2 / "fit.json").read_text())
-    assert fit2["levels"]["param_count"] == [] and not fit2["allocation"].get("sigma_only_studies")
+    assert fit2["levels"]["param_count"] == [] and not fit2["allocation"].get("per_threshold")
     assert any("--param-count" in n for n in fit2["notes"])
 
 

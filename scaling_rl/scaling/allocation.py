@@ -124,6 +124,8 @@ def optimum_numerical(p: dict, batch: BatchModel, delta: float, *, sigma_range=(
 
     if x0 is not None:
         starts = [np.log(x0)[free]]
+    elif batch.closed_form_ok:  # log F is convex in (log σ, log N) here: one start finds the optimum
+        starts = [(0.5 * (lo + hi))[free]]
     else:
         grids = [np.linspace(lo[i] + 0.2 * (hi[i] - lo[i]), hi[i] - 0.2 * (hi[i] - lo[i]), 3) for i in range(2)]
         starts = [np.array(s)[free] for s in np.array(np.meshgrid(*grids)).reshape(2, -1).T]
@@ -137,7 +139,12 @@ def optimum_numerical(p: dict, batch: BatchModel, delta: float, *, sigma_range=(
     v = fixed.copy()
     v[free] = best.x
     edge = bool(np.any(np.isclose(v[free], lo[free], atol=1e-6) | np.isclose(v[free], hi[free], atol=1e-6)))
-    return _point(p, batch, delta, v[0], v[1], "numerical", two_term, at_bound=edge)
+    out = _point(p, batch, delta, v[0], v[1], "numerical", two_term, at_bound=edge)
+    if fix_sigma is not None:
+        out["sigma"] = float(fix_sigma)   # exactly the value asked for, not exp(log(value))
+    if fix_n is not None:
+        out["N"] = float(fix_n)
+    return out
 
 
 def _power_batch(batch: BatchModel) -> tuple[float, float]:
@@ -196,15 +203,19 @@ def optimum_semi_analytic(p: dict, batch: BatchModel, delta: float) -> dict:
 
 @single_threaded_blas
 def optimum(p: dict, batch: BatchModel, delta: float, **kw) -> dict:
-    """Numerical optimum, with the semi-analytic one attached when the batch model allows it."""
+    """Numerical optimum inside the search box, with the unconstrained semi-analytic optimum attached
+    when the batch model allows it and both axes are free. `agree` compares the two only when the
+    semi-analytic optimum lies inside the box (else None: the box binds and they must differ)."""
     num = optimum_numerical(p, batch, delta, **kw)
-    if batch.closed_form_ok:
+    if batch.closed_form_ok and kw.get("fix_sigma") is None and kw.get("fix_n") is None:
         try:
             ana = optimum_semi_analytic(p, batch, delta)
-            num["semi_analytic"] = {k: ana[k] for k in ("sigma", "N", "D", "F")}
-            num["agree"] = bool(abs(math.log(ana["F"] / num["F"])) < 1e-6 or num.get("at_bound", False))
-        except (ValueError, RuntimeError):
-            pass
+        except (ValueError, RuntimeError, OverflowError):
+            return num
+        sr, nr = kw.get("sigma_range", (1e-4, 1e4)), kw.get("n_range", (1e2, 1e13))
+        inside = bool(sr[0] <= ana["sigma"] <= sr[1] and nr[0] <= ana["N"] <= nr[1])
+        num["semi_analytic"] = {**{k: ana[k] for k in ("sigma", "N", "D", "F")}, "inside_box": inside}
+        num["agree"] = bool(abs(math.log(ana["F"] / num["F"])) < 1e-6) if inside else None
     return num
 
 

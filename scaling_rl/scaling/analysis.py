@@ -1,6 +1,12 @@
 """The whole analysis: curves -> D_J -> hyper-parameter and data-efficiency fits with bootstrap
-intervals -> held-out extrapolation -> compute-optimal allocation. Returns one JSON-able dict (the
-content of fit.json), from which the report and every figure are made.
+intervals -> model selection -> held-out extrapolation -> compute-optimal allocation. Returns one
+JSON-able dict (the content of fit.json), from which the report and every figure are made.
+
+Honesty rules (see DESIGN.md): one estimator (`fitting.fit_many`) for the point fit and every
+replicate; replicate b is one resample of seeds used by every threshold, task, law, allocation and
+budget law, and a replicate that fails anywhere is dropped everywhere (`Replicates`); every interval
+contains its estimate or is absent with a reason; a parameter the data cannot pin down is "not
+identified"; optima are searched inside the swept box unless `extrapolate` > 1, and then marked.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from . import fitting, laws
 from .curves import DataEfficiency, data_efficiency
 from .data import CurveSet
 
-SCHEMA = "scaling_rl.scaling.fit/1"
+SCHEMA = "scaling_rl.scaling.fit/2"
 
 
 @dataclasses.dataclass
@@ -38,6 +44,10 @@ class Settings:
     max_starts: int = 8
     holdout: bool = True
     seed: int = 0
+    extrapolate: float = 1.0                    # search optima up to ×K beyond the swept σ and N (marked)
+    weights: str = "auto"                       # "auto" (WLS when >= 4 seeds) | "none" | "bootstrap"
+    interp_error: str = "uniform"               # D_J interpolation uncertainty in the bootstrap: "uniform" | "none"
+    select: str = "aicc"                        # D_J(σ, N): "aicc" (nested laws, AICc) | "full"
 
     def validate(self) -> None:
         if self.loss not in fitting.LOSSES:
@@ -54,20 +64,67 @@ class Settings:
             raise ValueError(f"interpolation: {self.interpolation!r} is unknown; use 'log' or 'linear'")
         if self.n_thresholds < 1:
             raise ValueError(f"n_thresholds: {self.n_thresholds} must be >= 1")
+        if not (isinstance(self.extrapolate, (int, float)) and self.extrapolate >= 1):
+            raise ValueError(f"extrapolate: {self.extrapolate} must be a factor >= 1 (1 = stay inside the sweep)")
+        if self.weights not in ("auto", "none", "bootstrap"):
+            raise ValueError(f"weights: {self.weights!r} is unknown; use auto, none or bootstrap")
+        if self.interp_error not in ("uniform", "none"):
+            raise ValueError(f"interp_error: {self.interp_error!r} is unknown; use 'uniform' or 'none'")
+        if self.select not in ("aicc", "full"):
+            raise ValueError(f"select: {self.select!r} is unknown; use 'aicc' or 'full'")
 
 
-# ---- a fitted law with its bootstrap ------------------------------------------------------------
+# ---- replicates shared by the whole analysis -----------------------------------------------------
+
+class Replicates:
+    """The K bootstrap replicates (and S leave-one-seed-out jackknife rows) of one analysis.
+
+    Replicate b is one resample of seeds, used by every fit, threshold, task, allocation and budget
+    law; `ok` is False for a replicate that failed in any fit (dropped everywhere, counted per fit in
+    `failures`). Intervals are computed once every fit has registered. Deviations from the estimate
+    are scaled by `fitting.seed_inflation` with the seed degrees of freedom behind each quantity."""
+
+    def __init__(self, K: int, S: int, n_seeds: int, level: float, reason: str | None = None, dof: float = 0):
+        self.K, self.S, self.n_seeds, self.level, self.reason = K, S, n_seeds, level, reason
+        self.mode = "seed" if K else "none"
+        self.ok = np.ones(K, bool)
+        self.failures: dict[str, int] = {}
+        self.dof = dof
+        self.inflation = fitting.seed_inflation(n_seeds, dof, level)   # for derived quantities
+
+    def inflation_for(self, dof: float) -> float:
+        return fitting.seed_inflation(self.n_seeds, dof, self.level)
+
+    def register(self, name: str, ok_own: np.ndarray) -> None:
+        ok_own = np.asarray(ok_own, bool)
+        self.failures[name] = int((~ok_own).sum())
+        self.ok &= ok_own
+
+    def interval(self, est: float, reps: np.ndarray, jack: np.ndarray | None = None, log: bool = True,
+                 reason: str | None = None) -> dict:
+        reps = np.where(self.ok, np.asarray(reps, float), np.nan) if self.K else np.zeros(0)
+        return fitting.interval(est, reps, jack, level=self.level, inflation=self.inflation, log=log,
+                                n_total=self.K, reason=reason or self.reason)
+
+    def summary(self) -> dict:
+        return {"mode": self.mode, "n": self.K, "n_ok": int(self.ok.sum()), "jackknife_rows": self.S,
+                "n_seeds": self.n_seeds, "dof_derived": self.dof, "inflation_derived": self.inflation,
+                "failures": {k: v for k, v in self.failures.items() if v}, "reason": self.reason}
+
 
 @dataclasses.dataclass
 class Fitted:
+    """A law fitted by the one estimator, with its aligned replicate refits."""
+
     problem: fitting.Problem
     fit: fitting.Fit
-    U: np.ndarray               # (K, P) bootstrap refits (NaN rows failed)
-    inflation: float
-    level: float
-
-    def intervals(self) -> dict:
-        return fitting.bootstrap_intervals(self.problem, self.fit.u, self.U, self.level, self.inflation)
+    U: np.ndarray               # (K, P) replicate refits (NaN rows failed)
+    Uj: np.ndarray              # (S, P) jackknife refits
+    reps: Replicates
+    not_identified: list
+    weights: np.ndarray
+    inflation: float = float("nan")
+    extra: dict = dataclasses.field(default_factory=dict)
 
     def columns(self, group: str | None) -> list[int]:
         p = self.problem
@@ -77,71 +134,88 @@ class Fitted:
         nat = self.problem.natural(self.fit.u)
         return {n: float(nat[c]) for n, c in zip(self.problem.law.params, self.columns(group))}
 
-    def samples(self, group: str | None = None) -> list[dict[str, float]]:
-        """Bootstrap parameter sets, deviations from the estimate scaled by the inflation factor."""
-        if not np.isfinite(self.inflation):
-            return []
+    def replicate_params(self, group: str | None = None) -> list[dict[str, float] | None]:
+        """Parameter sets of every replicate b (None where it failed here), aligned with b."""
         cols = self.columns(group)
-        ok = np.all(np.isfinite(self.U), axis=1)
-        Us = self.fit.u + self.inflation * (self.U[ok] - self.fit.u)
-        nat = self.problem.natural(Us)
-        return [{n: float(row[c]) for n, c in zip(self.problem.law.params, cols)} for row in nat]
+        nat = self.problem.natural(self.U) if len(self.U) else np.zeros((0, self.problem.n_params))
+        return [({n: float(row[c]) for n, c in zip(self.problem.law.params, cols)}
+                 if np.all(np.isfinite(row)) else None) for row in nat]
+
+    def identified(self, group: str | None = None) -> bool:
+        cols = self.columns(group)
+        return not any(self.not_identified[c] for c in cols)
+
+    def intervals(self) -> dict:
+        reps = self.reps
+        U = np.where(reps.ok[:, None], self.U, np.nan) if len(self.U) else self.U
+        return fitting.bootstrap_intervals(self.problem, self.fit.u, U, reps.level, self.inflation,
+                                           self.Uj if len(self.Uj) else None, self.not_identified, reps.reason)
 
     def record(self, group: str | None = None, **extra) -> dict:
         iv = self.intervals()
         p = self.problem
         if group is None:
-            params = iv
-            m = np.ones(p.n_obs, bool)
+            params, m = iv, np.ones(p.n_obs, bool)
         else:
             params = {n: iv[p.labels[c]] for n, c in zip(p.law.params, self.columns(group))}
             m = p.groups == p.group_names.index(group)
         x = {k: v[m].tolist() for k, v in p.x.items()}
+        n_all = int(np.sum(self.weights > 0))
+        rss = float(np.sum(self.weights * self.fit.residuals ** 2))
         return {"law": p.law.name, "formula": p.law.formula, "params": params, "r2_log": self.fit.r2,
-                "objective": self.fit.objective, "converged": self.fit.converged, "n_points": int(m.sum()),
-                "n_starts": self.fit.n_starts, "shared": sorted(p.shared) if len(p.group_names) > 1 else [],
-                "n_bootstrap_ok": int(np.all(np.isfinite(self.U), axis=1).sum()),
+                "rse_log": fitting.residual_standard_error(rss, n_all, p.n_params),
+                "aicc": fitting.aicc(rss, n_all, p.n_params),
+                "objective": self.fit.objective, "n_points": int(m.sum()), "n_params": p.n_params,
+                "shared": sorted(p.shared) if len(p.group_names) > 1 else [],
+                "n_bootstrap": self.reps.K, "n_bootstrap_ok": int(np.sum(self.reps.ok & np.all(np.isfinite(self.U), axis=1)))
+                if len(self.U) else 0, "n_bootstrap_failed_here": int(np.sum(~np.all(np.isfinite(self.U), axis=1)))
+                if len(self.U) else 0,
+                "weighted": bool(np.ptp(self.weights[self.weights > 0]) > 0) if n_all else False,
                 "inputs": x, "residuals_log": self.fit.residuals[m].tolist(),
-                "at_bound": [p.labels[j] for j in range(p.n_params)
-                             if np.isclose(self.fit.u[j], p.lo[j]) or np.isclose(self.fit.u[j], p.hi[j])],
-                **extra}
+                "not_identified": {p.labels[j]: r for j, r in enumerate(self.not_identified) if r and m.any()
+                                   and (group is None or p.group_of[j] in (None, group))},
+                "at_bound": [p.labels[j] for j, r in enumerate(self.not_identified) if r == "on the optimiser's bound"],
+                **self.extra, **extra}
 
 
 def fit_with_bootstrap(law: laws.Law, x: dict, y: np.ndarray, Y: np.ndarray | None, settings: Settings,
-                       inflation: float, groups=None, shared=()) -> Fitted:
-    """Point fit on y (natural units, > 0); refit every bootstrap row of Y (K, n), NaN/inf = missing."""
+                       reps: Replicates, name: str, groups=None, shared=(), Yj: np.ndarray | None = None,
+                       weights: np.ndarray | None = None) -> Fitted:
+    """Point fit on y (natural units, > 0) and the same estimator on every replicate row of Y (K, n)
+    (NaN/inf = missing) and jackknife row of Yj. ValueError if the point fit is impossible."""
     ly = np.log(y)
     prob = fitting.make_problem(law, x, ly, groups, shared)
-    f = fitting.fit(prob, ly, loss=settings.loss, huber_delta=settings.huber_delta, max_starts=settings.max_starts)
-    if Y is None or len(Y) == 0:
-        U = np.full((0, prob.n_params), np.nan)
-    else:
+    w = np.ones_like(ly) if weights is None else np.asarray(weights, float)
+    kw = dict(loss=settings.loss, huber_delta=settings.huber_delta, max_starts=settings.max_starts)
+    f = fitting.fit(prob, ly, w, **kw)
+    P = prob.n_params
+    U, Uj = np.full((reps.K, P), np.nan), np.full((0, P), np.nan)
+    if Y is not None and reps.K:
         with np.errstate(divide="ignore", invalid="ignore"):
             LY = np.log(Y)
-        W = np.isfinite(LY).astype(float)
-        U, _, ok = fitting.refit_batched(prob, f.u, np.where(W > 0, LY, 0.0), W, loss=settings.loss,
-                                         huber_delta=settings.huber_delta)
-        U[~ok] = np.nan
-    return Fitted(prob, f, U, inflation, settings.level)
+        W = np.where(np.isfinite(LY), w[None], 0.0)
+        bf = fitting.fit_many(prob, LY, W, warm=f.u, **kw)
+        U = np.where(bf.ok[:, None], bf.U, np.nan)
+        reps.register(name, bf.ok)
+        if Yj is not None and len(Yj):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                LJ = np.log(Yj)
+            bj = fitting.fit_many(prob, LJ, np.where(np.isfinite(LJ), w[None], 0.0), warm=f.u, **kw)
+            Uj = np.where(bj.ok[:, None], bj.U, np.nan)
+    ni = fitting.identifiability(prob, f.u, ly, w, loss=settings.loss, huber_delta=settings.huber_delta,
+                                 level=settings.level)
+    infl = reps.inflation_for(len(ly) * max(reps.n_seeds - 1, 0))
+    return Fitted(prob, f, U, Uj, reps, ni, w, infl)
 
 
 def _band(fitted: Fitted, x: dict, group: str | None) -> dict:
     gi = None if group is None else np.full(len(next(iter(x.values()))), fitted.problem.group_names.index(group))
-    est, lo, hi = fitting.prediction_band(fitted.problem, fitted.fit.u, fitted.U, x, gi, fitted.level,
-                                          fitted.inflation)
+    reps = fitted.reps
+    U = np.where(reps.ok[:, None], fitted.U, np.nan) if len(fitted.U) else fitted.U
+    est, lo, hi = fitting.prediction_band(fitted.problem, fitted.fit.u, U, x, gi, reps.level, fitted.inflation,
+                                          fitted.Uj if len(fitted.Uj) else None, reps.reason)
     return {**{k: np.asarray(v).tolist() for k, v in x.items()}, "estimate": est.tolist(), "lo": lo.tolist(),
             "hi": hi.tolist()}
-
-
-def _interval(samples: np.ndarray, est: float, level: float, inflation: float) -> dict:
-    """Percentile interval of positive quantities in log space around `est` (inflated deviations)."""
-    s = np.asarray(samples, float)
-    s = s[np.isfinite(s) & (s > 0)]
-    if s.size < 2 or not np.isfinite(inflation) or not est > 0:
-        return {"estimate": est, "lo": float("nan"), "hi": float("nan")}
-    ls = math.log(est) + inflation * (np.log(s) - math.log(est))
-    lo, hi = np.exp(np.quantile(ls, [(1 - level) / 2, (1 + level) / 2]))
-    return {"estimate": est, "lo": float(lo), "hi": float(hi)}
 
 
 # ---- the pipeline -------------------------------------------------------------------------------
@@ -161,35 +235,93 @@ def _analyze(cs: CurveSet, st: Settings, say) -> dict:
     say("data efficiency (bootstrap over seeds)")
     de = data_efficiency(cs, st.thresholds, n_thresholds=st.n_thresholds, spacing=st.spacing,
                          normalize=st.normalize, n_bootstrap=st.n_bootstrap, seed=st.seed,
-                         interpolation=st.interpolation)
+                         interpolation=st.interpolation, interp_error=st.interp_error)
     table = de.group_table(st.level)
-    infl = fitting.small_sample_inflation(de.min_seeds)
     notes = list(de.notes)
-    if np.isfinite(infl) and infl != 1.0:
-        notes.append(f"bootstrap deviations scaled by sqrt(n/(n-1)) = {infl:.3f} (n = {de.min_seeds} seeds): "
-                     "the seed bootstrap underestimates the variance of a mean of n seeds by (n-1)/n")
+    reps = _replicates(de, st, notes)
     tasks = sorted(table["task"].unique())
     levels = {f: sorted(float(v) for v in set(de.configs[f]) if np.isfinite(v))
               for f in ("utd", "param_count", "batch_size", "lr")}
+    by_task = {t: {f: sorted(float(v) for v in set(de.configs[f][de.configs["task"] == t]) if np.isfinite(v))
+                   for f in ("utd", "param_count")} for t in tasks}
     out: dict = {
         "schema": SCHEMA, "source": cs.source, "metric": cs.metric, "tasks": tasks, "levels": levels,
+        "levels_by_task": by_task,
         "settings": {**dataclasses.asdict(st), "thresholds": None if st.thresholds is None else list(st.thresholds),
-                     "inflation": infl, "min_seeds": de.min_seeds},
+                     "inflation": reps.inflation, "min_seeds": de.min_seeds, "bootstrap_mode": reps.mode},
         "thresholds": {t: v.tolist() for t, v in de.thresholds.items()},
         "normalization": {t: list(v) for t, v in de.normalization.items()},
-        "points": _json_rows(table), "configs": _config_rows(de), "notes": notes,
+        "configs": _config_rows(de), "notes": notes,
     }
+    finalize: list[Callable[[], None]] = []
     say("optimal batch size and learning rate")
-    out["hparams"], hp = _hparams(de, table, st, infl, notes)
+    out["hparams"], hp = _hparams(de, st, reps, finalize)
     say("data-efficiency fits")
-    out["data_efficiency_sigma"], _ = _fit_de_sigma(de, st, infl, tasks)
-    out["data_efficiency_sigma_n"], de_fits = _fit_de_sigma_n(de, st, infl, tasks, notes)
+    out["data_efficiency_sigma"], sigma_fits = _fit_de_sigma(de, st, reps, tasks, finalize)
+    out["data_efficiency_sigma_n"], de_fits, out["model_selection"] = _fit_de_sigma_n(de, st, reps, tasks, notes,
+                                                                                     finalize)
     if st.holdout:
         say("held-out extrapolation")
-        out["extrapolation"] = _extrapolation(de, st, tasks, bool(de_fits))
+        out["extrapolation"] = _extrapolation(de, st, tasks, out["model_selection"])
     say("compute-optimal allocation")
-    out["allocation"] = _allocation(de, table, st, infl, tasks, de_fits, hp, out, notes)
+    out["allocation"] = _allocation(de, table, st, reps, tasks, de_fits, sigma_fits, hp, out, notes, finalize)
+    say("intervals")
+    for fn in finalize:  # every fit has registered its failures: intervals use replicates ok everywhere
+        fn()
+    out["points"] = _point_rows(de, table, reps)
+    out["bootstrap"] = reps.summary()
+    if reps.K and (reps.K - reps.ok.sum()) > fitting.MAX_FAIL * reps.K:
+        notes.append(f"{reps.K - int(reps.ok.sum())} of {reps.K} bootstrap replicates failed in at least one fit "
+                     f"(more than {fitting.MAX_FAIL:.0%}): no bootstrap intervals; failures by fit: "
+                     + ", ".join(f"{k} {v}" for k, v in reps.failures.items() if v))
     return out
+
+
+def _replicates(de: DataEfficiency, st: Settings, notes: list) -> Replicates:
+    n = de.min_seeds
+    K = int(st.n_bootstrap)
+    if K == 0:
+        return Replicates(0, 0, n, st.level, "no bootstrap requested (--bootstrap 0)")
+    if n < 2:
+        return Replicates(0, 0, n, st.level, f"a single seed per configuration: no seed bootstrap")
+    per_task = de.groups.groupby("task").size().min()
+    dof = float(per_task * (n - 1))
+    notes.append(f"intervals: seed bootstrap ({K} resamples; BCa where the replicates are not centred on the "
+                 f"estimate); deviations scaled by sqrt(n/(n-1))·t_ν/z (n = {n} seeds; ν = the seed degrees of "
+                 "freedom behind each quantity: n − 1 for one D_J point, points × (n − 1) for a law): the seed "
+                 "bootstrap underestimates the variance of a mean of n seeds by (n-1)/n, and that variance is "
+                 "itself estimated")
+    if n < fitting.MIN_SEEDS:
+        notes.append(f"only {n} seeds per configuration (fewer than {fitting.MIN_SEEDS}): a single D_J point's seed "
+                     "bootstrap has too few distinct resamples to be calibrated, so D_J points get no interval; "
+                     "laws pool the seeds of all their points (their coverage is tested at 3 seeds)")
+    return Replicates(K, de.g_jack.shape[0], n, st.level, None, dof)
+
+
+def _point_rows(de: DataEfficiency, table, reps: Replicates) -> list[dict]:
+    rows = _json_rows(table)
+    for r in rows:
+        g = int(np.flatnonzero((de.groups["task"] == r["task"]).to_numpy()
+                               & (de.groups["utd"].to_numpy() == r["utd"])
+                               & (np.nan_to_num(de.groups["param_count"].to_numpy(float), nan=-1.0)
+                                  == (r["param_count"] if r["param_count"] is not None else -1.0)))[0])
+        j = int(r["j_index"])
+        D = float(de.g_point[g, j])
+        n_c = int(r.get("n_seeds") or reps.n_seeds)
+        reason = reps.reason or (f"fewer than {fitting.MIN_SEEDS} seeds per configuration: no seed-bootstrap interval "
+                                 "for a single point" if n_c < fitting.MIN_SEEDS else None)
+        cens = float(np.mean(~np.isfinite(de.g_boot[:, g, j]))) if de.g_boot.shape[0] else 0.0
+        if reason is None and cens > fitting.MAX_FAIL:
+            reason = f"censored (never reaches J) in {cens:.0%} of the resamples"
+        if np.isfinite(D) and reps.K:
+            Y = np.where(np.isfinite(de.g_boot[:, g, j]), de.g_boot[:, g, j], np.nan)
+            iv = fitting.interval(D, Y, de.g_jack[:, g, j], level=reps.level,
+                                  inflation=reps.inflation_for(n_c - 1), n_total=len(Y), reason=reason)
+        else:
+            iv = {"lo": None, "hi": None, "reason": "censored" if not np.isfinite(D) else reason}
+        r["D_lo"], r["D_hi"] = iv["lo"], iv["hi"]
+        r["D_interval"] = {k: v for k, v in iv.items() if k != "estimate"}
+    return rows
 
 
 def _json_rows(df) -> list[dict]:
@@ -207,7 +339,13 @@ def _config_rows(de: DataEfficiency) -> list[dict]:
     return rows
 
 
-def _hparams(de: DataEfficiency, table, st: Settings, infl: float, notes: list) -> tuple[dict, dict]:
+def _later(finalize: list, target: dict, fn: Callable[[], dict]) -> dict:
+    """Fill `target` with fn() once every replicate has registered (intervals need the final mask)."""
+    finalize.append(lambda: target.update(fn()))
+    return target
+
+
+def _hparams(de: DataEfficiency, st: Settings, reps: Replicates, finalize: list) -> tuple[dict, dict]:
     res: dict = {"points": []}
     handles: dict = {}
     g = de.groups
@@ -220,9 +358,12 @@ def _hparams(de: DataEfficiency, table, st: Settings, infl: float, notes: list) 
             continue
         point, samples = de.hparam_samples(field)
         for gi in range(len(g)):
-            res["points"].append({"field": field, "task": g["task"][gi], "utd": float(g["utd"][gi]),
-                                  "param_count": _f(g["param_count"][gi]),
-                                  **_interval(samples[:, gi], float(point[gi]), st.level, infl)})
+            rec = {"field": field, "task": g["task"][gi], "utd": float(g["utd"][gi]),
+                   "param_count": _f(g["param_count"][gi])}
+            res["points"].append(_later(finalize, rec, lambda gi=gi: reps.interval(
+                float(point[gi]), samples[:, gi], None,
+                reason=None if reps.n_seeds >= fitting.MIN_SEEDS else f"fewer than {fitting.MIN_SEEDS} seeds: no "
+                                                                       "interval for a single point")))
         ok = np.isfinite(point)
         if ok.sum() < 3 or len(np.unique(g["utd"][ok])) < 2:
             res[law_name] = {"skipped": f"{field}: optimum known at fewer than 3 points or one σ"}
@@ -231,14 +372,18 @@ def _hparams(de: DataEfficiency, table, st: Settings, infl: float, notes: list) 
             res[law_name] = {"skipped": f"the same {field} ({point[ok][0]:.3g}) wins at every (σ, N): nothing to fit"}
             continue
         x = {"utd": g["utd"].to_numpy(float)[ok]}
-        fitted = fit_with_bootstrap(law, x, point[ok], samples[:, ok] if len(samples) > 1 else None, st, infl,
-                                    groups=g["task"].to_numpy()[ok], shared=("s",))
-        grid = {"utd": np.geomspace(min(x["utd"]) / 1.5, max(x["utd"]) * 1.5, 40)}
+        try:
+            fitted = fit_with_bootstrap(law, x, point[ok], samples[:, ok], st,
+                                        reps, law_name, groups=g["task"].to_numpy()[ok], shared=("s",))
+        except ValueError as e:
+            res[law_name] = {"skipped": str(e)}
+            continue
+        grid = {"utd": np.geomspace(min(x["utd"]), max(x["utd"]), 40)}
         tasks = fitted.problem.group_names
-        res[law_name] = {**fitted.record(), "formula": f"{'B' if field == 'batch_size' else 'η'}*(σ) = A_task·σ^s",
-                         "bands": {t: _band(fitted, grid, t if len(tasks) > 1 else None) for t in tasks}}
+        res[law_name] = _later(finalize, {}, lambda fitted=fitted, field=field, grid=grid, tasks=tasks: {
+            **fitted.record(), "formula": f"{'B' if field == 'batch_size' else 'η'}*(σ) = A_task·σ^s",
+            "bands": {t: _band(fitted, grid, t if len(tasks) > 1 else None) for t in tasks}})
         handles[law_name] = fitted
-        # B*(σ, N) per task
         if field == "batch_size":
             res["batch_size_sigma_n"] = {}
             for t in tasks:
@@ -248,9 +393,14 @@ def _hparams(de: DataEfficiency, table, st: Settings, infl: float, notes: list) 
                     res["batch_size_sigma_n"][t] = {"skipped": "needs >= 2 model sizes and >= 6 points"}
                     continue
                 xn = {"utd": g["utd"].to_numpy(float)[m], "param_count": g["param_count"].to_numpy(float)[m]}
-                fn = fit_with_bootstrap(laws.BATCH_SIZE_SIGMA_N, xn, point[m],
-                                        samples[:, m] if len(samples) > 1 else None, st, infl)
-                res["batch_size_sigma_n"][t] = fn.record()
+                try:
+                    fn = fit_with_bootstrap(laws.BATCH_SIZE_SIGMA_N, xn, point[m],
+                                            samples[:, m], st, reps,
+                                            f"batch_size_sigma_n/{t}")
+                except ValueError as e:
+                    res["batch_size_sigma_n"][t] = {"skipped": str(e)}
+                    continue
+                res["batch_size_sigma_n"][t] = _later(finalize, {}, fn.record)
                 handles[f"batch_size_sigma_n/{t}"] = fn
     return res, handles
 
@@ -260,17 +410,47 @@ def _f(v) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def _weights(de: DataEfficiency, st: Settings, reps: Replicates, idx: np.ndarray, j: int) -> np.ndarray:
+    """WLS weights 1/var(log D_J) from the seed bootstrap (default with >= MIN_SEEDS seeds), normalised
+    to mean 1; the variance is floored at NOISE_FLOOR² so no point dominates by luck."""
+    use = st.weights == "bootstrap" or (st.weights == "auto" and reps.n_seeds >= fitting.MIN_SEEDS)
+    if not use or de.g_boot.shape[0] < 2:
+        return np.ones(len(idx))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        L = np.log(np.where(np.isfinite(de.g_boot[:, idx, j]), de.g_boot[:, idx, j], np.nan))
+    v = np.nanvar(L, axis=0, ddof=1)
+    v = np.where(np.isfinite(v), np.maximum(v, fitting.NOISE_FLOOR ** 2), np.nanmax(v) if np.isfinite(v).any() else 1.0)
+    w = 1.0 / v
+    return w / w.mean()
+
+
 def _points_of(de: DataEfficiency, mask: np.ndarray, j: int):
-    """(idx, x, y, Y) of the usable (task, σ, N) points in `mask` at threshold j."""
+    """(idx, x, y, Y, Yj) of the usable (task, σ, N) points in `mask` at threshold j."""
     idx, y, Y = de.fit_data(j, mask)
     x = {"utd": de.groups["utd"].to_numpy(float)[idx], "param_count": de.groups["param_count"].to_numpy(float)[idx]}
-    return idx, x, y, (Y if de.g_boot.shape[0] > 1 else None)
+    return idx, x, y, Y, de.fit_data_jack(j, idx)
 
 
-def _fit_de_sigma(de: DataEfficiency, st: Settings, infl: float, tasks: list[str]):
-    """D_J(σ) at every model size, per task (or jointly with a shared α)."""
+def _point_fit_aicc(law: laws.Law, x: dict, y: np.ndarray, w: np.ndarray, st: Settings) -> dict:
+    """Point fit of one candidate law (for model selection): AICc, RSE, R², or why it cannot be fitted."""
+    ly = np.log(y)
+    prob = fitting.make_problem(law, x, ly)
+    n = int(np.sum(w > 0))
+    if n < fitting.min_points(prob):
+        return {"law": law.name, "n_params": prob.n_params, "aicc": None,
+                "skipped": f"{n} points for {prob.n_params} parameters"}
+    f = fitting.fit(prob, ly, w, loss=st.loss, huber_delta=st.huber_delta, max_starts=st.max_starts)
+    rss = float(np.sum(w * f.residuals ** 2))
+    a = fitting.aicc(rss, n, prob.n_params)
+    return {"law": law.name, "formula": law.formula, "n_params": prob.n_params, "aicc": a if math.isfinite(a) else None,
+            "rse_log": fitting.residual_standard_error(rss, n, prob.n_params), "r2_log": f.r2}
+
+
+def _fit_de_sigma(de: DataEfficiency, st: Settings, reps: Replicates, tasks: list[str], finalize: list):
+    """D_J(σ) at every model size, per task (or jointly with a shared α), tested against D_J = const."""
     recs, handles = [], {}
     g = de.groups
+    P = len(laws.DATA_EFFICIENCY_SIGMA.params)
     ns = sorted(set(np.nan_to_num(g["param_count"].to_numpy(float), nan=-1.0)))
     for n in ns:
         nmask = np.nan_to_num(g["param_count"].to_numpy(float), nan=-1.0) == n
@@ -278,80 +458,199 @@ def _fit_de_sigma(de: DataEfficiency, st: Settings, infl: float, tasks: list[str
             task_sets = [tasks] if st.share_exponents and len(tasks) > 1 else [[t] for t in tasks]
             for ts in task_sets:
                 m = nmask & g["task"].isin(ts).to_numpy()
-                idx, x, y, Y = _points_of(de, m, j)
-                ok_tasks = [t for t in ts if len(np.unique(x["utd"][g["task"].to_numpy()[idx] == t])) >= 3]
+                idx, x, y, Y, Yj = _points_of(de, m, j)
+                tk = g["task"].to_numpy()[idx]
                 meta = {"param_count": None if n < 0 else n, "j_index": j}
-                if len(ok_tasks) < len(ts) or len(idx) < 4 * len(ts):
+                counts = {t: len(np.unique(x["utd"][tk == t])) for t in ts}
+                if any(c < P + 1 for c in counts.values()):
                     for t in ts:
+                        if not m[g["task"].to_numpy() == t].any():
+                            continue
                         recs.append({**meta, "task": t, "threshold": float(de.thresholds[t][j]),
-                                     "skipped": "needs >= 3 σ levels that reach J"})
+                                     "skipped": f"needs >= {P + 1} σ levels reaching J for a {P}-parameter law "
+                                                f"(has {counts[t]})"})
                     continue
-                grp = g["task"].to_numpy()[idx] if len(ts) > 1 else None
-                fitted = fit_with_bootstrap(laws.DATA_EFFICIENCY_SIGMA, {"utd": x["utd"]}, y, Y, st, infl,
-                                            groups=grp, shared=("alpha",))
-                grid = {"utd": np.geomspace(x["utd"].min() / 1.5, x["utd"].max() * 1.5, 50)}
+                grp = tk if len(ts) > 1 else None
+                w = _weights(de, st, reps, idx, j)
+                try:
+                    fitted = fit_with_bootstrap(laws.DATA_EFFICIENCY_SIGMA, {"utd": x["utd"]}, y, Y, st, reps,
+                                                f"D_J(σ)/{n:g}/J{j}/{'+'.join(ts)}", groups=grp, shared=("alpha",),
+                                                Yj=Yj, weights=w)
+                except ValueError as e:
+                    for t in ts:
+                        recs.append({**meta, "task": t, "threshold": float(de.thresholds[t][j]), "skipped": str(e)})
+                    continue
+                selection = None
+                if len(ts) == 1:
+                    full = _point_fit_aicc(laws.DATA_EFFICIENCY_SIGMA, {"utd": x["utd"]}, y, w, st)
+                    const = _point_fit_aicc(laws.DATA_EFFICIENCY_SIGMA_CONSTANT, {"utd": x["utd"]}, y, w, st)
+                    selection = {"candidates": [full, const]}
+                    if full["aicc"] is None:
+                        selection["chosen"] = "data_efficiency_sigma"
+                        selection["evidence"] = (f"not tested: AICc of the {P}-parameter law needs >= {P + 3} "
+                                                 f"points (has {len(y)})")
+                    elif const["aicc"] is not None and const["aicc"] < full["aicc"]:
+                        selection["chosen"] = "data_efficiency_sigma_constant"
+                        selection["evidence"] = f"AICc prefers D_J = const by {full['aicc'] - const['aicc']:.2f}"
+                        ni = fitted.not_identified
+                        for c, name in enumerate(fitted.problem.labels):
+                            if name in ("beta", "alpha") and not ni[c]:
+                                ni[c] = "AICc prefers no σ dependence at this N and J"
+                    else:
+                        selection["chosen"] = "data_efficiency_sigma"
+                        selection["evidence"] = ("AICc prefers the σ law" + (f" by {const['aicc'] - full['aicc']:.2f}"
+                                                                             if const["aicc"] is not None else ""))
+                grid = {"utd": np.geomspace(x["utd"].min() / st.extrapolate, x["utd"].max() * st.extrapolate, 50)}
                 for t in ts:
                     key = t if len(ts) > 1 else None
-                    recs.append({**fitted.record(key), **meta, "task": t, "threshold": float(de.thresholds[t][j]),
-                                 "band": _band(fitted, grid, key)})
+                    rec = {**meta, "task": t, "threshold": float(de.thresholds[t][j]),
+                           "measured_range": [float(x["utd"][tk == t].min()), float(x["utd"][tk == t].max())]}
+                    if selection is not None:
+                        rec["selection"] = selection
+                    recs.append(_later(finalize, rec, lambda fitted=fitted, key=key, grid=grid: {
+                        **fitted.record(key), "band": _band(fitted, grid, key)}))
                     handles[(t, n, j)] = (fitted, key)
     return recs, handles
 
 
-def _fit_de_sigma_n(de: DataEfficiency, st: Settings, infl: float, tasks: list[str], notes: list):
-    recs, handles = [], {}
+TERMS = {"data_efficiency_sigma_n": ("utd", "param_count"), "data_efficiency_sigma_only": ("utd",),
+         "data_efficiency_n_only": ("param_count",), "data_efficiency_constant": ()}
+
+
+def _select_de_law(de: DataEfficiency, st: Settings, reps: Replicates, t: str) -> dict:
+    """AICc of the nested laws of D_J(σ, N) at every threshold of task t, summed over the thresholds at
+    which every candidate can be compared; the lowest total wins (one law per task, so budget laws
+    across thresholds are consistent)."""
     g = de.groups
+    per_j, totals = [], {law.name: 0.0 for law, _ in laws.DATA_EFFICIENCY_FAMILY}
+    used = 0
     for j in range(de.n_thresholds):
-        task_sets = [tasks] if st.share_exponents and len(tasks) > 1 else [[t] for t in tasks]
+        idx, x, y, _, _ = _points_of(de, (g["task"] == t).to_numpy(), j)
+        if len(idx) == 0 or not np.all(np.isfinite(x["param_count"])):
+            continue
+        w = _weights(de, st, reps, idx, j)
+        cands = [_point_fit_aicc(law, x, y, w, st) for law, _ in laws.DATA_EFFICIENCY_FAMILY]
+        per_j.append({"j_index": j, "n_points": len(y), "candidates": cands})
+        if all(c["aicc"] is not None for c in cands):
+            used += 1
+            for c in cands:
+                totals[c["law"]] += c["aicc"]
+    if st.select == "full":
+        return {"chosen": "data_efficiency_sigma_n", "rule": "full law (select = full)", "per_threshold": per_j}
+    if used == 0:
+        # Compare the laws that can be compared at every threshold; the full law if none can.
+        elig = [law.name for law, _ in laws.DATA_EFFICIENCY_FAMILY
+                if per_j and all(next(c for c in pj["candidates"] if c["law"] == law.name)["aicc"] is not None
+                                 for pj in per_j)]
+        if not elig:
+            return {"chosen": "data_efficiency_sigma_n", "rule": "not tested: too few points for AICc",
+                    "per_threshold": per_j}
+        totals = {n: sum(next(c for c in pj["candidates"] if c["law"] == n)["aicc"] for pj in per_j) for n in elig}
+        used = len(per_j)
+    best = min(totals, key=totals.get)
+    wts = np.exp(-0.5 * (np.array(list(totals.values())) - totals[best]))
+    wts /= wts.sum()
+    return {"chosen": best, "rule": f"lowest AICc summed over {used} threshold(s)",
+            "laws": [{"law": n, "formula": next(law.formula for law, _ in laws.DATA_EFFICIENCY_FAMILY if law.name == n),
+                      "aicc_total": v, "delta_aicc": v - totals[best], "akaike_weight": float(wt),
+                      "preferred_at": int(sum(1 for pj in per_j
+                                              if min((c for c in pj["candidates"] if c["aicc"] is not None),
+                                                     key=lambda c: c["aicc"], default={"law": None})["law"] == n))}
+                     for (n, v), wt in zip(totals.items(), wts)],
+            "per_threshold": per_j}
+
+
+def _fit_de_sigma_n(de: DataEfficiency, st: Settings, reps: Replicates, tasks: list[str], notes: list,
+                    finalize: list):
+    recs, handles, selection = [], {}, {}
+    g = de.groups
+    law_of = {law.name: law for law, _ in laws.DATA_EFFICIENCY_FAMILY}
+    joint = st.share_exponents and len(tasks) > 1
+    for t in tasks:
+        tm = (g["task"] == t).to_numpy()
+        pcs = g["param_count"].to_numpy(float)[tm]
+        if not np.all(np.isfinite(pcs)) or len(np.unique(pcs)) < 2 or len(np.unique(g["utd"][tm])) < 2:
+            continue
+        selection[t] = _select_de_law(de, st, reps, t) if not joint else {
+            "chosen": "data_efficiency_sigma_n", "rule": "full law (shared exponents across tasks)"}
+        ch = selection[t]["chosen"]
+        if ch != "data_efficiency_sigma_n":
+            missing = {"data_efficiency_sigma_only": "N", "data_efficiency_n_only": "σ",
+                       "data_efficiency_constant": "σ and N"}[ch]
+            notes.append(f"{t}: {missing} effect not identified — model selection ({selection[t]['rule']}) prefers "
+                         f"{law_of[ch].formula}; the full D_J(σ, N) law is not reported"
+                         + ("; allocation over σ only" if ch == "data_efficiency_sigma_only" else ""))
+    for j in range(de.n_thresholds):
+        task_sets = [[t for t in tasks if t in selection]] if joint else [[t] for t in tasks if t in selection]
         for ts in task_sets:
+            if not ts:
+                continue
+            law = law_of[selection[ts[0]]["chosen"]]
             m = g["task"].isin(ts).to_numpy()
-            idx, x, y, Y = _points_of(de, m, j)
+            idx, x, y, Y, Yj = _points_of(de, m, j)
             tk = g["task"].to_numpy()[idx]
-            fine = all(len(np.unique(x["utd"][tk == t])) >= 2 and len(np.unique(x["param_count"][tk == t])) >= 2
-                       and (tk == t).sum() >= 6 for t in ts) and np.all(np.isfinite(x["param_count"]))
+            need = len(law.params) + 1
+            fine = all((tk == t).sum() >= need for t in ts) and \
+                all(len(np.unique(x[ax][tk == t])) >= 2 for t in ts for ax in TERMS[law.name])
             if not fine:
                 for t in ts:
-                    recs.append({"task": t, "j_index": j, "threshold": float(de.thresholds[t][j]),
-                                 "skipped": "needs >= 2 σ and >= 2 model sizes and >= 6 points reaching J"})
+                    recs.append({"task": t, "j_index": j, "threshold": float(de.thresholds[t][j]), "law": law.name,
+                                 "skipped": f"needs >= {need} points reaching J for the {len(law.params)}-parameter "
+                                            f"law{' and >= 2 levels of each of its inputs' if TERMS[law.name] else ''}"
+                                            f" (has {int((tk == t).sum()) if len(ts) == 1 else len(tk)})"})
                 continue
-            fitted = fit_with_bootstrap(laws.DATA_EFFICIENCY_SIGMA_N, x, y, Y, st, infl,
-                                        groups=tk if len(ts) > 1 else None, shared=("alpha", "beta"))
+            w = _weights(de, st, reps, idx, j)
+            try:
+                fitted = fit_with_bootstrap(law, x, y, Y, st, reps, f"D_J(σ,N)/J{j}/{'+'.join(ts)}",
+                                            groups=tk if len(ts) > 1 else None,
+                                            shared=tuple(p for p in ("alpha", "beta") if p in law.params), Yj=Yj,
+                                            weights=w)
+            except ValueError as e:
+                for t in ts:
+                    recs.append({"task": t, "j_index": j, "threshold": float(de.thresholds[t][j]), "skipped": str(e)})
+                continue
             for t in ts:
                 key = t if len(ts) > 1 else None
-                recs.append({**fitted.record(key), "task": t, "j_index": j, "threshold": float(de.thresholds[t][j])})
+                rec = {"task": t, "j_index": j, "threshold": float(de.thresholds[t][j]), "selected_law": law.name,
+                       "terms": list(TERMS[law.name])}
+                recs.append(_later(finalize, rec, lambda fitted=fitted, key=key: fitted.record(key)))
                 handles[(t, j)] = (fitted, key)
-    return recs, handles
+    return recs, handles, selection
 
 
-def _extrapolation(de: DataEfficiency, st: Settings, tasks: list[str], two_d: bool) -> list[dict]:
-    """Fit on all but the largest N (or σ) level, predict the held-out level."""
+def _extrapolation(de: DataEfficiency, st: Settings, tasks: list[str], selection: dict) -> list[dict]:
+    """Fit on all but the largest level of one axis (the chosen law's inputs), predict the held-out level."""
     out = []
     g = de.groups
-    plain = dataclasses.replace(st, max_starts=min(st.max_starts, 8))
+    law_of = {law.name: law for law, _ in laws.DATA_EFFICIENCY_FAMILY}
     for t in tasks:
+        two_d = t in selection
+        law = law_of[selection[t]["chosen"]] if two_d else laws.DATA_EFFICIENCY_SIGMA
+        axes = TERMS[law.name] if two_d else ("utd",)
         for j in range(de.n_thresholds):
-            idx, x, y, _ = _points_of(de, (g["task"] == t).to_numpy(), j)
-            law = laws.DATA_EFFICIENCY_SIGMA_N if two_d else laws.DATA_EFFICIENCY_SIGMA
-            for axis in (("param_count", "utd") if two_d else ("utd",)):
+            idx, x, y, _, _ = _points_of(de, (g["task"] == t).to_numpy(), j)
+            for axis in axes:
                 lv = np.unique(x[axis])
                 if len(lv) < 3:
                     continue
                 held = x[axis] == lv[-1]
                 train = ~held
-                if two_d and (len(np.unique(x["utd"][train])) < 2 or len(np.unique(x["param_count"][train])) < 2
-                              or train.sum() < 6):
-                    continue
-                if not two_d and (len(np.unique(x["utd"][train])) < 3 or train.sum() < 4):
-                    continue
                 xin = {k: v for k, v in x.items() if k in law.inputs}
+                if not two_d and len(np.unique(x["param_count"][train])) > 1:
+                    continue  # the σ-only law needs one model size
                 ly = np.log(y)
                 prob = fitting.make_problem(law, {k: v[train] for k, v in xin.items()}, ly[train])
-                f = fitting.fit(prob, ly[train], loss=plain.loss, huber_delta=plain.huber_delta,
-                                max_starts=plain.max_starts)
+                if train.sum() < fitting.min_points(prob) or any(len(np.unique(x[a][train])) < 2 for a in axes):
+                    continue
+                try:
+                    f = fitting.fit(prob, ly[train], loss=st.loss, huber_delta=st.huber_delta,
+                                    max_starts=st.max_starts)
+                except ValueError:
+                    continue
                 pred = np.exp(prob.predict(f.u[None], xin)[0])
                 err = np.log(pred / y)
                 out.append({"task": t, "j_index": j, "threshold": float(de.thresholds[t][j]), "holdout": axis,
-                            "held_level": float(lv[-1]), "law": law.name,
+                            "held_level": float(lv[-1]), "train_max": float(lv[-2]), "law": law.name,
                             "mean_abs_log_error_train": float(np.mean(np.abs(err[train]))),
                             "mean_abs_log_error_heldout": float(np.mean(np.abs(err[held]))),
                             "points": [{"utd": float(x["utd"][i]), "param_count": _f(x["param_count"][i]),
@@ -387,14 +686,16 @@ def _batch_model(de: DataEfficiency, table, st: Settings, hp: dict, task: str, n
     return alloc.BatchModel.constant(float(np.exp(np.mean(np.log(b)))))
 
 
-def _allocation(de: DataEfficiency, table, st: Settings, infl: float, tasks: list[str], de_fits: dict,
-                hp: dict, out: dict, notes: list) -> dict:
-    res: dict = {"per_threshold": [], "power_laws": [], "batch_models": {}}
+QUANTITIES = ("sigma", "N", "B", "D", "C", "F")
+
+
+def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks: list[str], de_fits: dict,
+                sigma_fits: dict, hp: dict, out: dict, notes: list, finalize: list) -> dict:
+    res: dict = {"per_threshold": [], "power_laws": [], "batch_models": {}, "extrapolate": st.extrapolate}
     n_levels = out["levels"]["param_count"]
-    if not de_fits and not n_levels:
-        res["skipped"] = "no model size (param_count) known: compute cannot be counted"
+    if not n_levels:
+        res["skipped"] = "no model size (param_count) known: compute cannot be counted (pass --param-count N)"
         return res
-    # δ: user's, or the median FLOPs per env step 10·N·B·σ over the sweep's (σ, N) at their best B.
     u = []
     for _, r in table.iterrows():
         b = r["best_batch_size"] if np.isfinite(r["best_batch_size"]) else 1.0
@@ -403,8 +704,7 @@ def _allocation(de: DataEfficiency, table, st: Settings, infl: float, tasks: lis
     delta = st.delta if st.delta is not None else float(np.median(u))
     res["delta"] = delta
     res["delta_source"] = "user" if st.delta is not None else "median FLOPs per env step (10·N·B·σ) of the sweep"
-    s_lv, n_lv = out["levels"]["utd"], out["levels"]["param_count"]
-    box = {"sigma_range": (min(s_lv) / 1e3, max(s_lv) * 1e3), "n_range": (min(n_lv) / 1e3, max(n_lv) * 1e3)}
+    sel = out.get("model_selection", {})
     for t in tasks:
         try:
             bm = _batch_model(de, table, st, hp, t, notes)
@@ -412,110 +712,214 @@ def _allocation(de: DataEfficiency, table, st: Settings, infl: float, tasks: lis
             res["skipped"] = str(e)
             return res
         res["batch_models"][t] = bm.to_dict()
+        lv = out["levels_by_task"][t]
+        s_lv, n_lv = lv["utd"], lv["param_count"]
+        if not n_lv:
+            continue
+        K = st.extrapolate
+        box = {"sigma_range": (min(s_lv) / K, max(s_lv) * K), "n_range": (min(n_lv) / K, max(n_lv) * K)}
+        sources = _allocation_sources(de, t, de_fits, sel.get(t), out, n_lv, sigma_fits)
+        if sources is None:
+            continue
+        kind, per_j = sources
         rows = []
-        for j in range(de.n_thresholds):
-            if (t, j) not in de_fits:
-                continue
-            fitted, key = de_fits[(t, j)]
-            p = fitted.params(key)
-            opt = alloc.optimum(p, bm, delta, **box)
-            row = {"task": t, "j_index": j, "threshold": float(de.thresholds[t][j]), **opt, "params": p}
-            try:
-                two = alloc.optimum_two_term(p, bm, delta)
-                row["two_term_closed_form"] = {k: two[k] for k in ("sigma", "N", "D", "F")}
-            except ValueError as e:
-                row["two_term_closed_form"] = {"skipped": str(e)}
-            row["extrapolated"] = bool(not (min(s_lv) <= opt["sigma"] <= max(s_lv))
-                                       or not (min(n_lv) <= opt["N"] <= max(n_lv)))
-            samples = [alloc.optimum_fast(q, bm, delta, **box) for q in fitted.samples(key)]
-            row["intervals"] = {k: _interval([s[k] for s in samples], opt[k], st.level, 1.0)
-                                for k in ("sigma", "N", "B", "D", "C", "F")}
+        for j, (fitted, key, fixed) in per_j.items():
+            p = _full_params(fitted.params(key), kind)
+            opt = alloc.optimum(p, bm, delta, **box, **fixed)
+            row = {"task": t, "j_index": j, "threshold": float(de.thresholds[t][j]), "kind": kind, **opt,
+                   "params": p, "box": {"sigma": list(box["sigma_range"]), "N": list(box["n_range"])},
+                   "swept": {"sigma": [min(s_lv), max(s_lv)], "N": [min(n_lv), max(n_lv)]},
+                   "free": {"sigma": "fix_sigma" not in fixed, "N": "fix_n" not in fixed}}
+            row["edge"] = _edges(opt, box, fixed)
+            row["extrapolated"] = {"sigma": not (min(s_lv) * (1 - 1e-9) <= opt["sigma"] <= max(s_lv) * (1 + 1e-9)),
+                                   "N": not (min(n_lv) * (1 - 1e-9) <= opt["N"] <= max(n_lv) * (1 + 1e-9))}
+            samples = []
+            for q in fitted.replicate_params(key):
+                if q is None:
+                    samples.append(None)
+                    continue
+                try:
+                    o = alloc.optimum_numerical(_full_params(q, kind), bm, delta, **box, **fixed)
+                    samples.append(o if np.isfinite(o["F"]) else None)
+                except (ValueError, FloatingPointError):
+                    samples.append(None)
+            ok = np.array([s_ is not None for s_ in samples], bool)
+            if len(samples):
+                reps.register(f"allocation/{t}/J{j}", ok | ~np.all(np.isfinite(fitted.U), axis=1))
             row["_samples"] = samples
+            row["sigma_only"] = row["N_only"] = None
             rows.append(row)
         if not rows:
             continue
-        # Scaling one axis only, from the optimum of the easiest target.
-        base = rows[0]
+        if kind == "full":
+            base = rows[0]
+            for row in rows:
+                fitted, key, _ = per_j[row["j_index"]]
+                p = _full_params(fitted.params(key), kind)
+                so = alloc.optimum_numerical(p, bm, delta, fix_n=base["N"], **box)
+                no = alloc.optimum_numerical(p, bm, delta, fix_sigma=base["sigma"], **box)
+                row["sigma_only"] = {"sigma": so["sigma"], "N": so["N"], "F": so["F"], "F_ratio": so["F"] / row["F"],
+                                     "at_bound": so["at_bound"]}
+                row["N_only"] = {"sigma": no["sigma"], "N": no["N"], "F": no["F"], "F_ratio": no["F"] / row["F"],
+                                 "at_bound": no["at_bound"]}
         for row in rows:
-            fitted, key = de_fits[(t, row["j_index"])]
-            p = fitted.params(key)
-            so = alloc.optimum_numerical(p, bm, delta, fix_n=base["N"], **box)
-            no = alloc.optimum_numerical(p, bm, delta, fix_sigma=base["sigma"], **box)
-            row["sigma_only"] = {"sigma": so["sigma"], "N": so["N"], "F": so["F"], "F_ratio": so["F"] / row["F"]}
-            row["N_only"] = {"sigma": no["sigma"], "N": no["N"], "F": no["F"], "F_ratio": no["F"] / row["F"]}
-        # D*(F), C*(F), σ*(F), N*(F) across thresholds.
-        if len(rows) >= 3:
-            F = np.array([r["F"] for r in rows])
-            Fb = _sample_matrix(rows, "F")
-            for target in ("D", "C", "sigma", "N"):
-                y = np.array([r[target] for r in rows])
-                Yb = _sample_matrix(rows, target)
-                law = laws.power_law("F", f"{target}_of_F")
-                prob = fitting.make_problem(law, {"F": F}, np.log(y))
-                f = fitting.fit(prob, np.log(y), max_starts=4)
-                U = np.full((0, 2), np.nan)
-                if Fb is not None:
-                    # Each bootstrap sample has its own F*, so refit on its own x.
-                    U = np.array([_refit_power(law, Fb[k], Yb[k], f.u) for k in range(len(Fb))])
-                fitted = Fitted(prob, f, U, 1.0, st.level)
-                res["power_laws"].append({**fitted.record(), "task": t, "target": target,
-                                          "formula": f"{target}* = A·F^s"})
-        for r in rows:
-            r.pop("_samples")
+            _later(finalize, row, lambda row=row: {"intervals": _optimum_intervals(row, reps)})
+        _later(finalize, res, lambda rows=rows: {} if [r.pop("_samples", None) for r in rows] else {})
         res["per_threshold"].extend(rows)
-    # One-size studies: σ-only optimum from D_J(σ).
-    if not de_fits:
-        res["sigma_only_studies"] = _sigma_only_allocation(out, st, tasks, delta, de, table, hp, notes)
+        res["power_laws"].extend(_budget_laws(t, rows, reps, st, finalize))
     return res
 
 
-def _sample_matrix(rows: list[dict], key: str) -> np.ndarray | None:
-    n = min(len(r["_samples"]) for r in rows)
-    if n < 2:
-        return None
-    return np.array([[r["_samples"][k][key] for r in rows] for k in range(n)])
+def _allocation_sources(de, t, de_fits, sel, out, n_lv, sigma_fits):
+    """Which law drives the allocation of task t: ("full" | "sigma_only" | "n_only", {j: (fitted, key,
+    fixed axes)}), from the selected D_J(σ, N) law, or the D_J(σ) law of a one-size study."""
+    if sel is not None and sel.get("chosen"):
+        ch = sel["chosen"]
+        kind = {"data_efficiency_sigma_n": "full", "data_efficiency_sigma_only": "sigma_only",
+                "data_efficiency_n_only": "n_only", "data_efficiency_constant": None}[ch]
+        if kind is None:
+            return None
+        fixed = {"full": {}, "sigma_only": {"fix_n": min(n_lv)}, "n_only": {"fix_sigma": min(out["levels_by_task"][t]["utd"])}}[kind]
+        per_j = {j: (f, key, fixed) for (tt, j), (f, key) in de_fits.items() if tt == t}
+        return kind, dict(sorted(per_j.items()))
+    if len(n_lv) == 1:  # a one-size study: D_J(σ) at that N
+        per_j = {j: (f, key, {"fix_n": n}) for (tt, n, j), (f, key) in sigma_fits.items() if tt == t}
+        return ("sigma_law", dict(sorted(per_j.items()))) if per_j else None
+    return None
 
 
-def _refit_power(law, x, y, u0):
+def _full_params(p: dict, kind: str) -> dict:
+    """Parameters of D_min·(1 + (a/σ)^α + (b/N)^β) for any nested law (a dropped term has a vanishing
+    coefficient), or of D_min + (β/σ)^α written in that form (kind "sigma_law")."""
+    if kind == "sigma_law":  # D_min + (β/σ)^α = D_min·(1 + (a/σ)^α), a = β·D_min^(−1/α)
+        return {"D_min": p["D_min"], "a": p["beta"] * p["D_min"] ** (-1.0 / p["alpha"]), "alpha": p["alpha"],
+                "b": 1e-300, "beta": 1.0}
+    q = {"a": 1e-300, "alpha": 1.0, "b": 1e-300, "beta": 1.0, **p}
+    return q
+
+
+def _edges(opt: dict, box: dict, fixed: dict) -> dict:
+    """Which free axis ended on the search box's edge ("lower" | "upper"), if any."""
+    out = {}
+    for ax, rng, fx in (("sigma", box["sigma_range"], "fix_sigma"), ("N", box["n_range"], "fix_n")):
+        if fx in fixed:
+            continue
+        v = opt[ax]
+        if abs(math.log(v / rng[0])) < 1e-4:
+            out[ax] = "lower"
+        elif abs(math.log(v / rng[1])) < 1e-4:
+            out[ax] = "upper"
+    return out
+
+
+def _optimum_intervals(row: dict, reps: Replicates) -> dict:
+    res = {}
+    samples = row["_samples"]
+    for k in QUANTITIES:
+        vals = np.array([np.nan if s_ is None else s_[k] for s_ in samples], float)
+        reason = None
+        if k in ("sigma", "N") and not row["free"][k]:
+            reason = "fixed (not identified by the selected law)"
+        elif row["edge"]:
+            reason = "optimum on the edge of the searched box (" + ", ".join(
+                f"{a} {e}" for a, e in row["edge"].items()) + ")"
+        else:
+            box = {"sigma_range": tuple(row["box"]["sigma"]), "n_range": tuple(row["box"]["N"])}
+            fixed = {"fix_sigma": 1} if not row["free"]["sigma"] else {"fix_n": 1} if not row["free"]["N"] else {}
+            n_edge = sum(1 for s_ in samples if s_ is not None and _edges(s_, box, fixed))
+            if n_edge > fitting.MAX_FAIL * len(samples):
+                reason = (f"in {n_edge} of {len(samples)} replicates the optimum sits on the search box's edge: "
+                          "the interval would be set by the box, not the data")
+        res[k] = reps.interval(row[k], vals, None, reason=reason)
+    return res
+
+
+def _budget_laws(t: str, rows: list[dict], reps: Replicates, st: Settings, finalize: list) -> list[dict]:
+    """D*(F), C*(F), σ*(F), N*(F) across thresholds: log-linear least squares on (F*_j, target_j) for the
+    point and for every replicate b on its own optima (aligned: replicate b of every threshold)."""
+    out = []
+    interior = [r for r in rows if not r["edge"]]
+    targets = ["D", "C"] + [k for k in ("sigma", "N") if rows[0]["free"][k]]
+    for target in targets:
+        base = {"task": t, "target": target, "formula": f"{target}* = A·F^s"}
+        if len(interior) < 3:
+            out.append({**base, "skipped": f"needs optima strictly inside the searched box at >= 3 thresholds "
+                                           f"(has {len(interior)} of {len(rows)})"})
+            continue
+        F = np.array([r["F"] for r in interior])
+        y = np.array([r[target] for r in interior])
+        c, s_ = _loglinear(F, y)
+        reps_c, reps_s = np.full(reps.K, np.nan), np.full(reps.K, np.nan)
+        n_edge = 0
+        for b in range(reps.K):
+            pts = [r["_samples"][b] for r in interior]
+            if any(p is None for p in pts):
+                continue
+            edge = any(_edges(p, {"sigma_range": tuple(r["box"]["sigma"]), "n_range": tuple(r["box"]["N"])},
+                              {} if r["free"]["sigma"] and r["free"]["N"] else
+                              ({"fix_n": 1} if not r["free"]["N"] else {"fix_sigma": 1})) for p, r in zip(pts, interior))
+            if edge:  # this replicate's optimum is not an optimum: the budget law is undefined there
+                n_edge += 1
+                continue
+            reps_c[b], reps_s[b] = _loglinear(np.array([p["F"] for p in pts]), np.array([p[target] for p in pts]))
+        pred = c + s_ * np.log(F)
+        ss = np.sum((np.log(y) - np.log(y).mean()) ** 2)
+        rec = {**base, "n_points": len(interior), "r2_log": float(1 - np.sum((np.log(y) - pred) ** 2) / ss) if ss > 0
+               else float("nan"), "F_range": [float(F.min()), float(F.max())],
+               "points": [{"F": float(f), "value": float(v)} for f, v in zip(F, y)]}
+        # Not an estimator failure, so not dropped everywhere: a replicate whose optimum sits on the box
+        # edge has no budget law; too many of them and this law gets no interval.
+        why = (f"in {n_edge} of {reps.K} replicates an optimum sits on the search box's edge (more than "
+               f"{fitting.MAX_FAIL:.0%}): the budget law is not determined inside the sweep"
+               if n_edge > fitting.MAX_FAIL * reps.K else None)
+        rec["n_replicates_on_edge"] = n_edge
+        out.append(_later(finalize, rec, lambda c=c, s_=s_, rc=reps_c, rs=reps_s, why=why: {"params": {
+            "A": reps.interval(math.exp(c), np.exp(rc), reason=why), "s": reps.interval(s_, rs, log=False,
+                                                                                        reason=why)}}))
+    return out
+
+
+def _loglinear(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """log y = c + s·log x by least squares (the squared-loss log-space fit of y = A·x^s, exactly)."""
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y)) and np.all(x > 0) and np.all(y > 0)):
-        return np.full(2, np.nan)
+        return float("nan"), float("nan")
     lx, ly = np.log(x), np.log(y)
     A = np.vstack([np.ones_like(lx), lx]).T
-    c, s = np.linalg.lstsq(A, ly, rcond=None)[0]  # squared loss in log space is linear least squares
-    return np.array([c, s])
+    c, s = np.linalg.lstsq(A, ly, rcond=None)[0]
+    return float(c), float(s)
 
 
-def _sigma_only_allocation(out, st, tasks, delta, de, table, hp, notes) -> list[dict]:
-    rows = []
-    for rec in out["data_efficiency_sigma"]:
-        if "skipped" in rec or rec["param_count"] is None:
-            continue
-        bm = _batch_model(de, table, st, hp, rec["task"], notes)
-        p = {k: v["estimate"] for k, v in rec["params"].items()}
-        o = alloc.optimum_sigma_only(p, bm, delta, rec["param_count"])
-        rows.append({"task": rec["task"], "j_index": rec["j_index"], "threshold": rec["threshold"], **o})
-    return rows
-
-
-def recommend(fit: dict, budget_flops: float, task: str | None = None) -> dict:
-    """Choose σ and N for a budget F (FLOPs, F = C + δ·D) from the fitted power laws σ*(F), N*(F),
-    D*(F), C*(F) of `task`; also the highest threshold J whose optimal budget fits in F (interpolated
-    in log F). `extrapolated` says F lies outside the fitted thresholds' budgets."""
+def recommend(fit: dict, budget_flops: float, task: str | None = None, extrapolate: bool = False) -> dict:
+    """Choose σ and N for a budget F (FLOPs, F = C + δ·D) from the fitted budget laws σ*(F), N*(F),
+    D*(F), C*(F) of `task`. Budgets outside the range of the fitted optima are refused unless
+    `extrapolate`, and then marked; the held-out extrapolation error of the data-efficiency law is
+    attached as the factor by which an extrapolated answer may be off."""
     al = fit.get("allocation", {})
     task = task or fit["tasks"][0]
-    laws_ = {p["target"]: p for p in al.get("power_laws", []) if p["task"] == task}
-    if len(laws_) < 4:
-        raise ValueError(f"recommend: no budget power laws for task {task!r} (need D_J(σ,N) fits at >= 3 thresholds)")
+    laws_ = {p["target"]: p for p in al.get("power_laws", []) if p["task"] == task and "params" in p}
+    if "D" not in laws_ or "C" not in laws_:
+        raise ValueError(f"recommend: no budget laws for task {task!r} (need optima inside the sweep at >= 3 "
+                         "thresholds)")
     if not budget_flops > 0:
         raise ValueError(f"budget: {budget_flops} must be > 0 FLOPs")
-    out = {"task": task, "F": float(budget_flops), "delta": al["delta"]}
+    F_lo, F_hi = laws_["D"]["F_range"]
+    inside = F_lo * (1 - 1e-9) <= budget_flops <= F_hi * (1 + 1e-9)
+    if not inside and not extrapolate:
+        raise ValueError(f"budget: {budget_flops:.3g} FLOPs is outside the fitted optima's range [{F_lo:.3g}, "
+                         f"{F_hi:.3g}]; pass extrapolate=True to extrapolate (marked)")
+    out = {"task": task, "F": float(budget_flops), "delta": al["delta"], "extrapolated": not inside}
     for tg, law in laws_.items():
         A, s = law["params"]["A"], law["params"]["s"]
         out[tg] = A["estimate"] * budget_flops ** s["estimate"]
-    rows = sorted((r for r in al["per_threshold"] if r["task"] == task), key=lambda r: r["F"])
+    rows = sorted((r for r in al["per_threshold"] if r["task"] == task and not r.get("edge")), key=lambda r: r["F"])
+    for ax in ("sigma", "N"):
+        if ax not in out and rows:
+            out[ax] = rows[0][ax]
+            out[f"{ax}_fixed"] = True
     lF = np.log([r["F"] for r in rows])
     out["threshold_reachable"] = float(np.interp(np.log(budget_flops), lF, [r["threshold"] for r in rows]))
-    out["extrapolated"] = bool(not (lF[0] <= np.log(budget_flops) <= lF[-1]))
+    ex = [e["mean_abs_log_error_heldout"] for e in fit.get("extrapolation") or [] if e["task"] == task]
+    out["heldout_error_factor"] = float(math.exp(max(ex))) if ex else None
     bm = alloc.BatchModel.from_dict(al["batch_models"][task])
     out["B"] = float(bm(out["sigma"], out["N"]))
     return out

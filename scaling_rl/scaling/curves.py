@@ -48,12 +48,13 @@ def isotonic_rows(Y: np.ndarray) -> np.ndarray:
 
 
 def first_crossing(steps: np.ndarray, Ymono: np.ndarray, thresholds: np.ndarray,
-                   interpolation: str = "log") -> np.ndarray:
+                   interpolation: str = "log", return_bracket: bool = False):
     """D (K, nJ): first env step where each non-decreasing row of Ymono (K, T) reaches each threshold,
     interpolated between the two log points around the crossing, linearly in the step or in its log
     (`interpolation="log"`, the default: learning curves are closer to linear in log-steps, and linear
     interpolation over a coarse early log grid overestimates D); the first log point if the curve
-    starts above J; inf if it never gets there."""
+    starts above J; inf if it never gets there. With `return_bracket`, also log(t1/t0) of the two
+    log points around each crossing (0 where there is no interpolation)."""
     Ymono = np.atleast_2d(Ymono)
     T = Ymono.shape[1]
     J = np.asarray(thresholds, float)
@@ -71,7 +72,12 @@ def first_crossing(steps: np.ndarray, Ymono: np.ndarray, thresholds: np.ndarray,
         else:
             raise ValueError(f"interpolation: {interpolation!r} is unknown; use 'log' or 'linear'")
     D = np.where(idx == 0, steps[0], D)
-    return np.where(idx >= T, np.inf, D)
+    D = np.where(idx >= T, np.inf, D)
+    if not return_bracket:
+        return D
+    with np.errstate(divide="ignore", invalid="ignore"):
+        br = np.where((idx > 0) & (idx < T) & (t0 > 0), np.log(np.where(t0 > 0, t1 / np.where(t0 > 0, t0, 1), 1.0)), 0.0)
+    return D, br
 
 
 @dataclasses.dataclass
@@ -94,6 +100,10 @@ class DataEfficiency:
     g_left: np.ndarray                    # (G, nJ) best D_J is the first log point (an upper bound)
     g_boot_left: np.ndarray               # (K, G, nJ) same per bootstrap sample
     g_resolution: np.ndarray              # (G, nJ) log points of the best configuration before D_J
+    jack: np.ndarray                      # (S, C, nJ) leave-seed-s-out D_J (s-th seed of every config)
+    g_jack: np.ndarray                    # (S, G, nJ) leave-seed-s-out best D_J
+    g_jack_left: np.ndarray               # (S, G, nJ)
+    interp_error: str = "uniform"         # interpolation uncertainty added to the bootstrap rows
 
     def fit_data(self, j: int, mask: np.ndarray | None = None):
         """Indices, point D_J (G',) and bootstrap D_J (K, G') of the (task, σ, N) points usable in a fit
@@ -105,6 +115,11 @@ class DataEfficiency:
         idx = np.flatnonzero(ok)
         Y = np.where(self.g_boot_left[:, idx, j], np.nan, self.g_boot[:, idx, j])
         return idx, self.g_point[idx, j], Y
+
+    def fit_data_jack(self, j: int, idx: np.ndarray) -> np.ndarray:
+        """Leave-one-seed-out D_J (S, G') of the points `idx` at threshold j (NaN = unusable)."""
+        return np.where(self.g_jack_left[:, idx, j] | ~np.isfinite(self.g_jack[:, idx, j]), np.nan,
+                        self.g_jack[:, idx, j])
 
     @property
     def n_thresholds(self) -> int:
@@ -228,10 +243,26 @@ def choose_thresholds(iso: list[np.ndarray], curves: list[Curve], n: int = 5, sp
     return out
 
 
+INTERP_ERRORS = ("uniform", "none")
+
+
 def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray | None = None, *,
                     n_thresholds: int = 5, spacing: str = "linear", normalize: str = "task",
-                    n_bootstrap: int = 100, seed: int = 0, interpolation: str = "log") -> DataEfficiency:
-    """D_J for every configuration and every (task, σ, N), with `n_bootstrap` resamples of seeds."""
+                    n_bootstrap: int = 100, seed: int = 0, interpolation: str = "log",
+                    interp_error: str = "uniform") -> DataEfficiency:
+    """D_J for every configuration and every (task, σ, N), with `n_bootstrap` resamples of seeds.
+
+    Replicate b is ONE resample of seeds: each configuration's seeds are resampled once and that
+    resample gives its D_J at every threshold. Leave-one-seed-out rows (`jack`, for the BCa
+    acceleration) drop seed s of every configuration at once.
+
+    Interpolation uncertainty (`interp_error="uniform"`): the crossing between two log points t0 < t1
+    is only known to within the bracket, an error the seed bootstrap cannot see; each bootstrap D_J is
+    multiplied by exp(U), U ~ Uniform(−h, h), h = log(t1/t0)/4 (the error of log-linear interpolation
+    of a smooth curve over one bracket, taken as at most a quarter of the bracket), so coarse logging
+    widens every interval downstream instead of hiding in it. `"none"` turns it off."""
+    if interp_error not in INTERP_ERRORS:
+        raise ValueError(f"interp_error: {interp_error!r} is unknown; use one of {INTERP_ERRORS}")
     if not cs.curves:
         raise ValueError("results: no curves")
     Ys, norm = normalize_curves(cs, normalize)
@@ -252,13 +283,24 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
     C = len(cs.curves)
     point = np.empty((C, nJ))
     boot = np.empty((K, C, nJ))
+    S_max = max(c.n_seeds for c in cs.curves)
+    jack = np.empty((S_max, C, nJ))
     for i, (c, Y) in enumerate(zip(cs.curves, Ys)):
         J = thr[c.task]
         point[i] = first_crossing(c.steps, iso[i][None], J, interpolation)[0]
         S = Y.shape[1]
         counts = rng.multinomial(S, np.full(S, 1.0 / S), size=K)          # resample seeds
         bmeans = counts @ Y.T / S                                          # (K, T)
-        boot[:, i] = first_crossing(c.steps, isotonic_rows(bmeans), J, interpolation)
+        boot[:, i], br = first_crossing(c.steps, isotonic_rows(bmeans), J, interpolation, return_bracket=True)
+        if interp_error == "uniform":
+            boot[:, i] *= np.exp(rng.uniform(-0.25, 0.25, size=br.shape) * br)
+        if S > 1:
+            keep = 1.0 - np.eye(S_max)[:, :S]                             # drop seed s (beyond S: drop none)
+            keep[S:] = 1.0
+            jack[:, i] = first_crossing(c.steps, isotonic_rows(keep @ Y.T / keep.sum(axis=1, keepdims=True)), J,
+                                        interpolation)
+        else:
+            jack[:, i] = np.nan
 
     cfg = pd.DataFrame([{"task": c.task, "utd": c.utd, "param_count": c.param_count, "batch_size": c.batch_size,
                          "lr": c.lr, "extra": dict(c.extra), "n_seeds": c.n_seeds, "first_step": float(c.steps[0]),
@@ -273,6 +315,8 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
     g_best = np.full((G, nJ), -1)
     g_boot = np.full((K, G, nJ), np.inf)
     g_boot_best = np.full((K, G, nJ), -1)
+    g_jack = np.full((S_max, G, nJ), np.inf)
+    g_jack_best = np.full((S_max, G, nJ), -1)
     for g in range(G):
         m = np.flatnonzero(cfg["group"].to_numpy() == g)
         sub = point[m]
@@ -283,10 +327,15 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
         ab = np.argmin(bs, axis=1)
         g_boot[:, g] = np.take_along_axis(bs, ab[:, None], axis=1)[:, 0]
         g_boot_best[:, g] = np.where(np.isfinite(g_boot[:, g]), m[ab], -1)
+        js = np.where(np.isnan(jack[:, m]), np.inf, jack[:, m])
+        aj = np.argmin(js, axis=1)
+        g_jack[:, g] = np.take_along_axis(js, aj[:, None], axis=1)[:, 0]
+        g_jack_best[:, g] = np.where(np.isfinite(g_jack[:, g]), m[aj], -1)
     # Reached at or before the first log point: D_J is only an upper bound ("left-censored").
     first = cfg["first_step"].to_numpy()
     g_left = (g_best >= 0) & (g_point <= first[np.maximum(g_best, 0)])
     g_boot_left = (g_boot_best >= 0) & (g_boot <= first[np.maximum(g_boot_best, 0)])
+    g_jack_left = (g_jack_best >= 0) & (g_jack <= first[np.maximum(g_jack_best, 0)])
     # Log points before the crossing (best configuration): a crossing in the first few log intervals is
     # coarsely interpolated, an error the seed bootstrap does not see.
     g_resolution = np.zeros((G, nJ), int)
@@ -298,8 +347,11 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
     coarse = int(np.sum((g_best >= 0) & (g_resolution < COARSE_LOG_POINTS) & ~g_left))
     if coarse:
         notes.append(f"{coarse} (task, σ, N, J) point(s) reach J within their first {COARSE_LOG_POINTS} log points: "
-                     "D_J there is interpolated coarsely and the intervals do not include that error; log more "
-                     "often early in training (e.g. log-spaced) to remove it")
+                     "D_J there is interpolated coarsely" + (
+                         " (that uncertainty is in the intervals: each bootstrap D_J is jittered by up to a quarter "
+                         "of its log-point bracket)" if interp_error == "uniform" else
+                         " and the intervals do not include that error") +
+                     "; log-spaced logging (dense early) removes it")
     if g_left.any():
         notes.append(f"{int(g_left.sum())} (task, σ, N, J) point(s) are above J at the first log point: D_J is "
                      "only an upper bound there (left-censored), listed, left out of the fits")
@@ -312,4 +364,5 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
     notes.append(f"D_J is interpolated ({'in log env-steps' if interpolation == 'log' else 'linearly'}) between "
                  "the two log points around the crossing of the isotonic seed-mean curve")
     return DataEfficiency(thr, norm, cfg, point, boot, groups, g_point, g_best, g_boot, g_boot_best,
-                          iso, means, notes, g_left, g_boot_left, g_resolution)
+                          iso, means, notes, g_left, g_boot_left, g_resolution, jack, g_jack, g_jack_left,
+                          interp_error)

@@ -1,6 +1,7 @@
 """Robust fitting of scaling laws: log-space residuals, sum-reduced squared or Huber loss,
-positivity by reparameterisation, multi-start L-BFGS-B, batched warm-started refits for the
-bootstrap, and bootstrap parameter intervals.
+positivity by reparameterisation, and ONE multi-start estimator (`fit_many`) used for the point fit
+and for every bootstrap / jackknife replicate alike; identifiability checks, AICc, and bootstrap
+intervals (percentile or BCa) that contain their estimate or are absent with a reason.
 
 A `Problem` ties a `Law` to data with optional groups (tasks): each law parameter is either shared by
 all groups or has one value per group. Parameters are optimised in an unconstrained vector u:
@@ -11,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import threading
 from typing import Sequence
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, special, stats
 from threadpoolctl import threadpool_limits
 
 from .laws import Law
@@ -197,14 +199,23 @@ def _expand(init) -> list[dict[str, float]]:
     return list(init)
 
 
-def _start_grid(problem: Problem, log_y: np.ndarray) -> np.ndarray:
-    """Initial points: the law's grid, with per-group parameters started from their group's own data
-    (the k-th start of every group is combined into the k-th start)."""
+def _start_grid(problem: Problem, log_y: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Initial points: the law's grid from the observed points (`mask`), with per-group parameters
+    started from their group's own data (the k-th start of every group is combined into the k-th)."""
     law = problem.law
-    glob = _expand(law.init(problem.x, log_y))
+    mask = np.ones(len(log_y), bool) if mask is None else mask
+    init = law.init({k: v[mask] for k, v in problem.x.items()}, log_y[mask])
+    if len(problem.group_names) == 1 and isinstance(init, dict):  # fast path (one call per replicate)
+        cols = [np.asarray(init[problem.param_of[j]], float) for j in range(problem.n_params)]
+        grid = np.stack([g.ravel() for g in np.meshgrid(*cols, indexing="ij")], axis=1)
+        grid = np.where(problem.is_log, np.log(np.maximum(grid, 1e-300)), grid)
+        return np.unique(np.clip(grid, problem.lo, problem.hi), axis=0)
+    glob = _expand(init)
     per_group = []
     for gi in range(len(problem.group_names)):
-        m = problem.groups == gi
+        m = (problem.groups == gi) & mask
+        if not m.any():
+            m = problem.groups == gi
         per_group.append(_expand(law.init({k: v[m] for k, v in problem.x.items()}, log_y[m])))
     starts = []
     for k in range(len(glob)):
@@ -236,50 +247,122 @@ def r2_log(log_y: np.ndarray, log_pred: np.ndarray, w: np.ndarray | None = None)
     return float(1.0 - np.sum(w * (log_y - log_pred) ** 2) / ss_tot) if ss_tot > 0 else float("nan")
 
 
+@dataclasses.dataclass
+class BatchFit:
+    """Fits of K data sets by the one estimator: U (K, P) unconstrained parameters, objective (K,),
+    and status (K,): "ok", "too_few_points" (fewer observed points than parameters + 1) or
+    "non_finite" (the optimiser ended on a non-finite objective). Failed rows of U are NaN."""
+
+    U: np.ndarray
+    objective: np.ndarray
+    status: np.ndarray
+
+    @property
+    def ok(self) -> np.ndarray:
+        return self.status == "ok"
+
+
+def min_points(problem: Problem) -> int:
+    """Fewest observed points a fit accepts: one more than the parameters (a residual degree of
+    freedom, so the fit is tested by the data instead of interpolating them)."""
+    return problem.n_params + 1
+
+
 @single_threaded_blas
-def fit(problem: Problem, log_y: np.ndarray, weights: np.ndarray | None = None, *, loss: str = "squared",
-        huber_delta: float = 0.1, max_starts: int = 8) -> Fit:
-    """Multi-start fit. Every point of the law's start grid is first refined by a vectorised
-    Levenberg–Marquardt pass (all starts at once); L-BFGS-B then runs from the `max_starts` best
-    distinct refined points, and the lowest objective wins."""
+def fit_many(problem: Problem, LY: np.ndarray, W: np.ndarray | None = None, *, loss: str = "squared",
+             huber_delta: float = 0.1, max_starts: int = 8, warm: np.ndarray | None = None) -> BatchFit:
+    """THE estimator, for K data sets at once (rows of LY (K, n), weights W (K, n), 0 = missing).
+
+    Per data set: the law's start grid (from that data set's observed points; plus `warm`, if given,
+    as one more start — in addition to the grid, never instead of it) -> 60 Levenberg–Marquardt
+    iterations on every start at once (vectorised over all data sets × starts) -> the `max_starts`
+    best distinct points iterated by LM to convergence -> L-BFGS-B (box bounds) from the best; lowest
+    objective wins. The point fit is the K = 1 case, so a bootstrap replicate is fitted exactly like
+    the point estimate."""
     if loss not in LOSSES:
         raise ValueError(f"loss: {loss!r} is unknown; use one of {LOSSES}")
+    LY = np.atleast_2d(np.asarray(LY, float))
+    W = np.ones_like(LY) if W is None else np.atleast_2d(np.asarray(W, float))
+    W = np.where(np.isfinite(LY), W, 0.0)
+    LY = np.where(W > 0, LY, 0.0)
+    K, P = LY.shape[0], problem.n_params
+    U = np.full((K, P), np.nan)
+    obj = np.full(K, np.nan)
+    status = np.full(K, "ok", dtype=object)
+    starts, owner = [], []
+    for k in range(K):
+        m = W[k] > 0
+        if m.sum() < min_points(problem):
+            status[k] = "too_few_points"
+            continue
+        S = _start_grid(problem, LY[k], m)
+        if warm is not None and np.all(np.isfinite(warm)):
+            S = np.vstack([S, np.clip(warm, problem.lo, problem.hi)])
+        starts.append(S)
+        owner.append(np.full(len(S), k))
+    if not starts:
+        return BatchFit(U, obj, status)
+    A, own = np.vstack(starts), np.concatenate(owner)
+    R, ob, _ = _lm(problem, A, LY[own], W[own], loss=loss, huber_delta=huber_delta, max_iter=30)
+    R = np.where(np.isfinite(R), R, A)
+    ob = np.where(np.isfinite(ob), ob, np.inf)
+    pick = []
+    for k in np.unique(own):
+        rows = np.flatnonzero(own == k)
+        seen = set()
+        for i in rows[np.argsort(ob[rows], kind="stable")]:
+            key = tuple(np.round(R[i], 4))
+            if key not in seen:
+                seen.add(key)
+                pick.append(i)
+            if len(seen) == max_starts:
+                break
+    pick = np.array(pick)
+    R2, ob2, conv = _lm(problem, R[pick], LY[own[pick]], W[own[pick]], loss=loss, huber_delta=huber_delta,
+                        max_iter=150)
+    ob2 = np.where(np.isfinite(ob2), ob2, np.inf)
+    span = np.maximum(problem.hi - problem.lo, 1.0)
+    for k in np.unique(own[pick]):
+        rows = np.flatnonzero(own[pick] == k)
+        i = rows[np.argmin(ob2[rows])]
+        u, f = R2[i], ob2[i]
+        near = np.any((u - problem.lo <= 1e-3 * span) | (problem.hi - u <= 1e-3 * span))
+        if near or not conv[i]:
+            # L-BFGS-B handles active bounds exactly, and finishes what LM did not; it only polishes,
+            # never making the LM point worse. (An interior converged LM point is already a minimum.)
+            ul, fl, _ = _lbfgsb(problem, R2[i], LY[k], W[k], loss, huber_delta)
+            if fl <= f:
+                u, f = ul, fl
+        if np.isfinite(f) and np.all(np.isfinite(u)):
+            U[k], obj[k] = u, f
+        else:
+            status[k] = "non_finite"
+    return BatchFit(U, obj, status)
+
+
+def fit(problem: Problem, log_y: np.ndarray, weights: np.ndarray | None = None, *, loss: str = "squared",
+        huber_delta: float = 0.1, max_starts: int = 8) -> Fit:
+    """The point fit: `fit_many` on one data set. ValueError if it cannot be fitted."""
     log_y = np.asarray(log_y, float)
     w = np.ones_like(log_y) if weights is None else np.asarray(weights, float)
-    starts = _start_grid(problem, log_y)
-    M = len(starts)
-    refined, obj, _ = refit_batched(problem, starts, np.tile(log_y, (M, 1)), np.tile(w, (M, 1)), loss=loss,
-                                    huber_delta=huber_delta, max_iter=60)
-    refined = np.where(np.isfinite(refined), refined, starts)
-    obj = np.where(np.isfinite(obj), obj, np.inf)
-    order, seen = [], set()
-    for i in np.argsort(obj):
-        key = tuple(np.round(refined[i], 4))
-        if key not in seen:
-            seen.add(key)
-            order.append(i)
-        if len(order) == max_starts:
-            break
-    best = None
-    for i in order:
-        u, f, ok = _lbfgsb(problem, refined[i], log_y, w, loss, huber_delta)
-        if best is None or f < best[1]:
-            best = (u, f, ok)
-    u, f, ok = best
+    bf = fit_many(problem, log_y[None], w[None], loss=loss, huber_delta=huber_delta, max_starts=max_starts)
+    if not bf.ok[0]:
+        raise ValueError(f"fit: {problem.law.name} could not be fitted ({bf.status[0]}: {int((w > 0).sum())} "
+                         f"points for {problem.n_params} parameters)")
+    u = bf.U[0]
     pred = problem.predict(u[None])[0]
-    return Fit(problem, u, f, r2_log(log_y, pred, w), log_y - pred, ok, M)
+    return Fit(problem, u, float(bf.objective[0]), r2_log(log_y, pred, w), log_y - pred, True,
+               len(_start_grid(problem, log_y)))
 
 
 # ---- batched refits (bootstrap) -----------------------------------------------------------------
 
-@single_threaded_blas
-def refit_batched(problem: Problem, u0: np.ndarray, Y: np.ndarray, W: np.ndarray, *, loss: str = "squared",
-                  huber_delta: float = 0.1, max_iter: int = 200, tol: float = 1e-10
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Refit K data sets at once, warm-started from u0 (P,) or from one start per set (K, P):
-    Levenberg–Marquardt on the (IRLS-weighted, for Huber) Gauss–Newton model, with per-sample damping
-    and box bounds. Returns U (K, P), objective (K,) and a converged flag (K,). Samples with fewer
-    weighted points than parameters get NaN."""
+def _lm(problem: Problem, u0: np.ndarray, Y: np.ndarray, W: np.ndarray, *, loss: str = "squared",
+        huber_delta: float = 0.1, max_iter: int = 200, tol: float = 1e-10
+        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """K local fits at once from u0 (P,) or one start per row (K, P): Levenberg–Marquardt on the
+    (IRLS-weighted, for Huber) Gauss–Newton model, with per-row damping and box bounds (a stage of
+    `fit_many`, not an estimator on its own). Returns U (K, P), objective (K,), converged (K,)."""
     K, P = Y.shape[0], problem.n_params
     U = np.array(np.broadcast_to(np.clip(u0, problem.lo, problem.hi), (K, P)))
     obj = problem.objective(U, Y, W, loss, huber_delta)
@@ -313,48 +396,196 @@ def refit_batched(problem: Problem, u0: np.ndarray, Y: np.ndarray, W: np.ndarray
     return U, obj, ok
 
 
-@single_threaded_blas
-def refit_sequential(problem: Problem, u0: np.ndarray, Y: np.ndarray, W: np.ndarray, *, loss: str = "squared",
-                     huber_delta: float = 0.1) -> np.ndarray:
-    """Reference implementation of `refit_batched`: one warm-started L-BFGS-B per sample."""
-    return np.array([_lbfgsb(problem, u0, y, w, loss, huber_delta)[0] for y, w in zip(Y, W)])
+# ---- identifiability and model choice -----------------------------------------------------------
+
+RIDGE_FACTOR = 10.0   # a positive parameter whose Wald interval spans more than ×/÷ this is not identified
+RIDGE_FREE = 2.0      # ... and a free one (a slope) whose interval half-width exceeds this
+NOISE_FLOOR = 0.01    # log-units: no fit is trusted to be more exact than 1% (keeps perfect fits honest)
 
 
-# ---- bootstrap intervals ------------------------------------------------------------------------
+def aicc(rss: float, n: int, n_params: int) -> float:
+    """Small-sample AIC of a Gaussian fit in log space, the noise variance counted as a parameter;
+    NaN when n − k − 1 <= 0 (too few points to compare this law at all)."""
+    k = n_params + 1
+    if n - k - 1 <= 0:
+        return float("nan")
+    return float(n * math.log(max(rss / n, NOISE_FLOOR ** 2 * 1e-4)) + 2 * k + 2 * k * (k + 1) / (n - k - 1))
+
+
+def residual_standard_error(rss: float, n: int, n_params: int) -> float:
+    return float(math.sqrt(rss / (n - n_params))) if n > n_params else float("nan")
+
+
+def identifiability(problem: Problem, u: np.ndarray, log_y: np.ndarray, w: np.ndarray | None = None, *,
+                    loss: str = "squared", huber_delta: float = 0.1, level: float = 0.9) -> list[str | None]:
+    """Per parameter: None if the data pin it down, else why not — on an optimiser bound, or on a flat
+    ridge (the Gauss–Newton Wald interval, over ALL parameters including any on a bound, spans more
+    than ×/÷ RIDGE_FACTOR, or ±RIDGE_FREE for a free parameter; a singular curvature counts as
+    infinitely flat). The residual variance is floored at NOISE_FLOOR² so a perfect fit is no excuse."""
+    w = np.ones_like(log_y) if w is None else np.asarray(w, float)
+    P = problem.n_params
+    span = problem.hi - problem.lo
+    on_bound = (np.abs(u - problem.lo) <= 1e-6 * np.maximum(span, 1.0)) | \
+               (np.abs(u - problem.hi) <= 1e-6 * np.maximum(span, 1.0))
+    r, J = problem.residual_jacobian(u[None], log_y[None])
+    r, J = r[0], J[0]
+    wt = w * (1.0 if loss == "squared" else np.minimum(1.0, huber_delta / np.maximum(np.abs(r), 1e-300)))
+    H = J.T @ (wt[:, None] * J)
+    n = int(np.sum(w > 0))
+    s2 = max(float(np.sum(w * r * r)) / max(n - P, 1), NOISE_FLOOR ** 2)
+    ev, V = np.linalg.eigh(H)
+    tiny = ev <= 1e-12 * max(float(ev.max()), 1e-300)
+    inv = (V[:, ~tiny] / ev[~tiny]) @ V[:, ~tiny].T
+    se = np.sqrt(np.maximum(np.diag(inv) * s2, 0.0))
+    se[np.sum(V[:, tiny] ** 2, axis=1) > 1e-6] = np.inf
+    half = _z(level) * se
+    out: list[str | None] = []
+    for j in range(P):
+        if on_bound[j]:
+            out.append("on the optimiser's bound")
+        elif problem.is_log[j] and half[j] > math.log(RIDGE_FACTOR):
+            out.append("flat ridge (the data allow " + ("any value" if not np.isfinite(half[j]) else
+                       f"×/÷{math.exp(min(half[j], 700)):.3g}") + ")")
+        elif not problem.is_log[j] and half[j] > RIDGE_FREE:
+            out.append("flat ridge (the data allow " + ("any value" if not np.isfinite(half[j]) else
+                       f"±{half[j]:.3g}") + ")")
+        else:
+            out.append(None)
+    return out
+
+
+# ---- intervals ------------------------------------------------------------------------------------
+
+MIN_SEEDS = 4          # below this a seed bootstrap gives no calibrated interval
+MAX_FAIL = 0.10        # a quantity whose replicates fail more often than this gets no interval
+
+
+def _z(level: float) -> float:
+    return float(special.ndtri((1 + level) / 2))
+
 
 def small_sample_inflation(n_seeds: int) -> float:
     """sqrt(n/(n−1)): the seed bootstrap's variance of a mean of n seeds is (n−1)/n of the true one."""
     return float(np.sqrt(n_seeds / (n_seeds - 1))) if n_seeds > 1 else float("nan")
 
 
+def seed_inflation(n_seeds: int, dof: float, level: float = 0.9) -> float:
+    """Scale of seed-bootstrap deviations: sqrt(n/(n−1)) (the bootstrap's variance bias) × t_ν/z (the
+    variance itself is estimated, from ν = Σ(n_c − 1) seed degrees of freedom of the points behind the
+    quantity: ν = n − 1 for one configuration's D_J, far more for a law fitted to many points)."""
+    if n_seeds < 2 or not dof >= 1:
+        return float("nan")
+    q = (1 + level) / 2
+    return small_sample_inflation(n_seeds) * float(stats.t.ppf(q, dof) / special.ndtri(q))
+
+
+def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, *, level: float = 0.9,
+             inflation: float = 1.0, log: bool = True, n_total: int | None = None,
+             reason: str | None = None) -> dict:
+    """Bootstrap interval of one quantity, in log space for positive quantities.
+
+    Deviations of the replicates from the estimate are scaled by `inflation`. Bias check: p_below =
+    P(replicate < estimate). If the replicates are centred on the estimate (|p_below − ½| within two
+    binomial sd) the interval is the percentile one; otherwise BCa, with the bias correction z0 =
+    Φ⁻¹(p_below) and the acceleration from the jackknife values `jack` (0 without them). NaN
+    replicates are failures: with more than MAX_FAIL of `n_total` failed, or an interval that would
+    not contain the estimate, there is no interval and `reason` says why. Always returns n_ok / n."""
+    reps = np.asarray(reps, float)
+    n = int(n_total if n_total is not None else reps.size)
+    good = np.isfinite(reps) & ((reps > 0) if log else True)
+    rec = {"estimate": float(estimate), "lo": None, "hi": None, "n_ok": int(good.sum()), "n": n}
+    est = float(estimate)
+    if reason is None:
+        if n == 0:
+            reason = "no bootstrap replicates"
+        elif not np.isfinite(est) or (log and not est > 0):
+            reason = "no finite estimate"
+        elif n - good.sum() > MAX_FAIL * n:
+            reason = f"{n - int(good.sum())} of {n} replicates failed (more than {MAX_FAIL:.0%})"
+        elif good.sum() < 10:
+            reason = f"only {int(good.sum())} replicates"
+        elif not np.isfinite(inflation):
+            reason = "a single seed: no seed bootstrap"
+    if reason is not None:
+        rec["reason"] = reason
+        return rec
+    tf = np.log if log else (lambda v: v)
+    t0 = float(tf(est))
+    dev = inflation * (tf(reps[good]) - t0)
+    m = dev.size
+    p0 = float((np.sum(dev < 0) + 0.5 * np.sum(dev == 0)) / m)
+    rec["p_below"] = p0
+    alpha = (1 - level) / 2
+    if abs(p0 - 0.5) <= 1.0 / math.sqrt(m):
+        qs, method = np.array([alpha, 1 - alpha]), "percentile"
+    elif 0 < p0 < 1:
+        z0 = float(special.ndtri(p0))
+        acc = 0.0
+        if jack is not None:
+            jv = np.asarray(jack, float)
+            jv = jv[np.isfinite(jv) & ((jv > 0) if log else True)]
+            if jv.size >= 3:
+                d = tf(jv).mean() - tf(jv)
+                den = 6.0 * float(np.sum(d ** 2)) ** 1.5
+                acc = float(np.sum(d ** 3) / den) if den > 0 else 0.0
+        zs = z0 + np.array([-1.0, 1.0]) * _z(level)
+        qs = special.ndtr(z0 + zs / (1 - acc * zs))
+        method = "BCa"
+        rec["acceleration"] = acc
+    else:
+        rec["reason"] = f"every replicate lies on one side of the estimate (P(replicate < estimate) = {p0:.2f})"
+        return rec
+    lo, hi = t0 + np.quantile(dev, qs)
+    if not (lo <= t0 <= hi):
+        rec["reason"] = (f"bootstrap not centred on the estimate (P(replicate < estimate) = {p0:.2f}); "
+                         f"the {method} interval would exclude it")
+        rec["method"] = method
+        return rec
+    rec.update(lo=float(np.exp(lo) if log else lo), hi=float(np.exp(hi) if log else hi), method=method)
+    return rec
+
+
 def bootstrap_intervals(problem: Problem, u_hat: np.ndarray, U: np.ndarray, level: float = 0.9,
-                        inflation: float = 1.0) -> dict[str, dict[str, float]]:
-    """Percentile intervals in unconstrained space (log for positive parameters), with the bootstrap
-    deviations from the point estimate scaled by `inflation`; returned in natural units."""
-    ok = np.all(np.isfinite(U), axis=1)
+                        inflation: float = 1.0, jack: np.ndarray | None = None,
+                        not_identified: Sequence[str | None] | None = None,
+                        reason: str | None = None) -> dict[str, dict]:
+    """`interval` of every parameter (natural units) from replicate refits U (K, P; NaN rows failed)
+    and jackknife refits `jack` (S, P). A parameter that is not identified gets no estimate at all."""
+    nat_hat = problem.natural(u_hat)
+    nat = problem.natural(U) if len(U) else np.zeros((0, problem.n_params))
+    natj = problem.natural(jack) if jack is not None and len(jack) else None
     out = {}
     for j, label in enumerate(problem.labels):
-        est = float(problem.natural(u_hat)[j])
-        if ok.sum() < 2 or not np.isfinite(inflation):
-            out[label] = {"estimate": est, "lo": float("nan"), "hi": float("nan"), "std": float("nan")}
-            continue
-        s = u_hat[j] + inflation * (U[ok, j] - u_hat[j])
-        qlo, qhi = np.quantile(s, [(1 - level) / 2, (1 + level) / 2])
-        nat = np.exp(s) if problem.is_log[j] else s
-        lo, hi = (np.exp([qlo, qhi]) if problem.is_log[j] else (qlo, qhi))
-        out[label] = {"estimate": est, "lo": float(lo), "hi": float(hi), "std": float(np.std(nat, ddof=1))}
+        ni = not_identified[j] if not_identified is not None else None
+        rec = interval(float(nat_hat[j]), nat[:, j], None if natj is None else natj[:, j], level=level,
+                       inflation=inflation, log=bool(problem.is_log[j]), n_total=len(U), reason=reason)
+        if ni:
+            rec.update(estimate=None, lo=None, hi=None, not_identified=ni, value_at_fit=float(nat_hat[j]))
+        out[label] = rec
     return out
 
 
 def prediction_band(problem: Problem, u_hat: np.ndarray, U: np.ndarray, x: dict[str, np.ndarray],
-                    groups: np.ndarray | None = None, level: float = 0.9, inflation: float = 1.0):
-    """Point prediction and pointwise percentile band (natural units) on new inputs."""
+                    groups: np.ndarray | None = None, level: float = 0.9, inflation: float = 1.0,
+                    jack: np.ndarray | None = None, reason: str | None = None):
+    """Point prediction and pointwise interval (natural units) on new inputs, each point by `interval`
+    (NaN where there is none)."""
     est = np.exp(problem.predict(u_hat[None], x, groups)[0])
-    ok = np.all(np.isfinite(U), axis=1)
-    if ok.sum() < 2 or not np.isfinite(inflation):
-        nan = np.full_like(est, np.nan)
-        return est, nan, nan
-    Us = u_hat + inflation * (U[ok] - u_hat)
-    lp = problem.predict(Us, x, groups)
-    lo, hi = np.quantile(lp, [(1 - level) / 2, (1 + level) / 2], axis=0)
-    return est, np.exp(lo), np.exp(hi)
+    lo, hi = np.full_like(est, np.nan), np.full_like(est, np.nan)
+    ok = np.all(np.isfinite(U), axis=1) if len(U) else np.zeros(0, bool)
+    if ok.sum() < 2 or reason is not None or not np.isfinite(inflation):
+        return est, lo, hi
+    lp = np.full((len(U), len(est)), np.nan)
+    lp[ok] = problem.predict(U[ok], x, groups)
+    lj = None
+    if jack is not None and len(jack):
+        okj = np.all(np.isfinite(jack), axis=1)
+        lj = np.full((len(jack), len(est)), np.nan)
+        if okj.any():
+            lj[okj] = problem.predict(jack[okj], x, groups)
+    for i in range(len(est)):
+        rec = interval(est[i], np.exp(lp[:, i]), None if lj is None else np.exp(lj[:, i]), level=level,
+                       inflation=inflation, n_total=len(U))
+        if rec["lo"] is not None:
+            lo[i], hi[i] = rec["lo"], rec["hi"]
+    return est, lo, hi

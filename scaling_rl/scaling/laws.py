@@ -120,6 +120,68 @@ DATA_EFFICIENCY_SIGMA_N = Law(
     core=_de_sigma_n_core, init=_de_sigma_n_init, bounds=_de_sigma_n_bounds)
 
 
+# ---- the laws nested in D_J(σ, N): drop the σ term, the N term, or both ------------------------
+
+_TERMS = {"utd": ("a", "alpha"), "param_count": ("b", "beta")}
+
+
+def _nested_de_law(terms: tuple[str, ...], name: str, formula: str) -> Law:
+    """D_min·(1 + Σ_{x in terms} (c_x/x)^e_x): the full law with the other terms removed. Inputs are
+    always (utd, param_count), so every nested law takes the same data."""
+    params = ("D_min",) + tuple(p for t in terms for p in _TERMS[t])
+
+    def core(x, th):
+        dmin = th["D_min"]
+        if not terms:
+            return np.log(dmin) + 0.0 * x["utd"], {"D_min": 1.0 / dmin}
+        logs = []
+        for t in terms:
+            c, e = _TERMS[t]
+            logs.append(np.log(th[c]) - np.log(x[t]))
+        lse, shares = _logsumexp0(*[th[_TERMS[t][1]] * lg for t, lg in zip(terms, logs)])
+        grads = {"D_min": 1.0 / dmin}
+        for t, lg, p in zip(terms, logs, shares):
+            c, e = _TERMS[t]
+            grads[c] = th[e] / th[c] * p
+            grads[e] = lg * p
+        return np.log(dmin) + lse, grads
+
+    def init(x, ly):
+        full = _de_sigma_n_init(x, ly)
+        return {k: v for k, v in full.items() if k in params}
+
+    def bounds(x, ly):
+        return {k: v for k, v in _de_sigma_n_bounds(x, ly).items() if k in params}
+
+    return Law(name=name, formula=formula, inputs=("utd", "param_count"), params=params,
+               positive=frozenset(params), core=core, init=init, bounds=bounds)
+
+
+DATA_EFFICIENCY_SIGMA_ONLY = _nested_de_law(("utd",), "data_efficiency_sigma_only", "D_J(σ,N) = D_min·(1 + (a/σ)^α)")
+DATA_EFFICIENCY_N_ONLY = _nested_de_law(("param_count",), "data_efficiency_n_only", "D_J(σ,N) = D_min·(1 + (b/N)^β)")
+DATA_EFFICIENCY_CONSTANT = _nested_de_law((), "data_efficiency_constant", "D_J(σ,N) = D_min")
+# Candidates for model selection, most to least complex; `terms` says which inputs a law depends on.
+DATA_EFFICIENCY_FAMILY = (
+    (DATA_EFFICIENCY_SIGMA_N, ("utd", "param_count")),
+    (DATA_EFFICIENCY_SIGMA_ONLY, ("utd",)),
+    (DATA_EFFICIENCY_N_ONLY, ("param_count",)),
+    (DATA_EFFICIENCY_CONSTANT, ()),
+)
+
+
+# ---- D_J(σ) constant: the law nested in D_min + (β/σ)^α -------------------------------------------
+
+def _const_core(x, th):
+    return np.log(th["D_min"]) + 0.0 * x["utd"], {"D_min": 1.0 / th["D_min"]}
+
+
+DATA_EFFICIENCY_SIGMA_CONSTANT = Law(
+    name="data_efficiency_sigma_constant", formula="D_J(σ) = D_min", inputs=("utd",), params=("D_min",),
+    positive=frozenset({"D_min"}), core=_const_core,
+    init=lambda x, ly: {"D_min": [float(np.exp(np.mean(ly)))]},
+    bounds=lambda x, ly: {"D_min": _de_sigma_bounds(x, ly)["D_min"]})
+
+
 # ---- B*(sigma, N) = a / (sigma^alpha * (1 + (b / N)^c)) ----------------------------------------
 
 def _bs_sigma_n_core(x, th):

@@ -61,42 +61,98 @@ def _g(v, digits: int = 3) -> str:
 
 
 def _ci(p: dict) -> str:
+    """A quantity as the report prints it: "est [lo, hi]" (BCa intervals marked ᵇ), "est (no interval:
+    why)", or "not identified (why)" — a parameter the data cannot pin down is never a number."""
+    if p is None:
+        return "–"
+    if p.get("not_identified"):
+        return f"not identified ({p['not_identified']})"
     if p.get("lo") is None or p.get("hi") is None:
-        return f"{_g(p['estimate'], 4)} (no interval)"
-    return f"{_g(p['estimate'], 4)} [{_g(p['lo'])}, {_g(p['hi'])}]"
+        why = p.get("reason")
+        return f"{_g(p['estimate'], 4)} (no interval{': ' + why if why else ''})"
+    mark = "ᵇ" if p.get("method") == "BCa" else ""
+    return f"{_g(p['estimate'], 4)} [{_g(p['lo'])}, {_g(p['hi'])}]{mark}"
+
+
+def _n_ok(r: dict) -> str:
+    n = r.get("n_bootstrap")
+    return f"{r.get('n_bootstrap_ok', 0)}/{n}" if n else "–"
 
 
 def _param_table(recs: list[dict], keys: list[str], head: list[str]) -> list[str]:
-    params = []
+    params: list[str] = []
     for r in recs:
-        if "params" in r:
-            params = list(r["params"])
-            break
-    lines = ["| " + " | ".join(head + params + ["R² (log)", "points"]) + " |",
-             "|" + "---|" * (len(head) + len(params) + 2)]
+        for k in r.get("params", {}):
+            if k not in params:
+                params.append(k)
+    lines = ["| " + " | ".join(head + ["law"] + params + ["R² (log)", "RSE (log)", "AICc", "points", "replicates ok"])
+             + " |", "|" + "---|" * (len(head) + len(params) + 6)]
     for r in recs:
         cells = [_g(r.get(k)) for k in keys]
         if "skipped" in r:
-            lines.append("| " + " | ".join(cells + [f"skipped: {r['skipped']}"] + [""] * (len(params) + 1)) + " |")
+            lines.append("| " + " | ".join(cells + [f"skipped: {r['skipped']}"] + [""] * (len(params) + 5)) + " |")
             continue
-        bound = set(r.get("at_bound") or [])
-        cells += [_ci(r["params"][p]) + (" †" if any(b == p or b.startswith(p + "[") for b in bound) else "")
-                  for p in params] + [_g(r["r2_log"], 4), str(r["n_points"])]
+        law = r.get("formula", r.get("law", ""))
+        sel = r.get("selection") or {}
+        if sel.get("chosen", "").endswith("_constant"):
+            law += " (AICc prefers D_J = const)"
+        cells += [law] + [_ci(r["params"][p]) if p in r["params"] else "—" for p in params] + [
+            _g(r["r2_log"], 4), _g(r.get("rse_log")), _g(r.get("aicc"), 4), str(r["n_points"]), _n_ok(r)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _selection_lines(fit: dict) -> list[str]:
+    sel = fit.get("model_selection") or {}
+    if not sel:
+        return []
+    L = ["## Model selection for D_J(σ, N)", "",
+         "Nested laws fitted at every threshold; the law with the lowest AICc (summed over the thresholds where "
+         "all can be compared) is reported and used for the allocation. Δ = AICc − best; weight = Akaike weight.", ""]
+    for t, s_ in sel.items():
+        L.append(f"**{t}**: chosen **{s_['chosen']}** — {s_['rule']}")
+        if s_.get("laws"):
+            L += ["", "| law | formula | AICc (sum) | Δ | weight | best at thresholds |", "|---|---|---|---|---|---|"]
+            L += [f"| {l_['law']} | {l_['formula']} | {_g(l_['aicc_total'], 5)} | {_g(l_['delta_aicc'], 3)} | "
+                  f"{_g(l_['akaike_weight'], 2)} | {l_['preferred_at']} |" for l_ in s_["laws"]]
+        L.append("")
+    return L
+
+
+def _optimum_cell(r: dict, ax: str) -> str:
+    """σ* or N* of an allocation row: a value, a fixed value, or "beyond the sweep" when it sits on the
+    search box's edge (then it is not an optimum, and is not printed as one)."""
+    iv = r["intervals"][ax]
+    if not r["free"][ax]:
+        return f"{_g(r[ax])} (fixed: not identified)"
+    edge = (r.get("edge") or {}).get(ax)
+    if edge:
+        bound = r["box"][ax][1 if edge == "upper" else 0]
+        word = {"sigma": "σ", "N": "N"}[ax]
+        return (f"beyond the sweep ({'≥' if edge == 'upper' else '≤'} {_g(bound)}): extend {word} "
+                f"{'upward' if edge == 'upper' else 'downward'}")
+    return _ci(iv) + (" (extrapolated)" if r.get("extrapolated", {}).get(ax) else "")
 
 
 def render_report(fit: dict, figures: list[str] | None = None) -> str:
     """The markdown report."""
     st = fit["settings"]
     lvl = int(round(100 * st["level"]))
+    bs = fit.get("bootstrap") or {}
+    mode = {"seed": "seed bootstrap", "none": "none"}.get(bs.get("mode"), "?")
     L = [f"# Scaling-law fit: `{fit['metric']}`", "",
          f"Source: `{fit['source']}`  ", f"Tasks: {', '.join(fit['tasks'])}  ",
          "Levels: " + "; ".join(f"{k} = {', '.join(_g(v) for v in vs)}" for k, vs in fit["levels"].items() if vs) + "  ",
-         f"Bootstrap: {st['n_bootstrap']} resamples of seeds (min {st['min_seeds']} seeds per configuration); "
-         f"{lvl}% percentile intervals; loss = {st['loss']}"
+         f"Intervals: {lvl}% — {mode}; replicates ok everywhere: {bs.get('n_ok', 0)}/{bs.get('n', 0)} "
+         f"(a replicate that fails in any fit is dropped from every quantity); percentile intervals where the "
+         f"replicates are centred on the estimate, BCa (marked ᵇ) where not; min {st['min_seeds']} seeds per "
+         f"configuration; loss = {st['loss']}"
          + (f" (Huber δ = {st['huber_delta']} in log units)" if st["loss"] == "huber" else "")
-         + ", sum over points, residuals in log space; multi-start grid + L-BFGS-B.", ""]
+         + ", residuals in log space" + (", weighted by 1/var(log D_J)" if st.get("weights") == "bootstrap" or (
+             st.get("weights") == "auto" and st["min_seeds"] >= 4) else "")
+         + "; one estimator (start grid → LM → L-BFGS-B) for the point fit and every replicate.", ""]
+    if bs.get("failures"):
+        L += ["Replicate failures by fit: " + ", ".join(f"{k}: {v}" for k, v in bs["failures"].items()), ""]
     if fit.get("notes"):
         L += ["## Notes", ""] + [f"- {n}" for n in fit["notes"]] + [""]
     L += ["## Thresholds", ""]
@@ -146,50 +202,67 @@ def render_report(fit: dict, figures: list[str] | None = None) -> str:
               for k, v in r["params"].items()] + [""]
     L.append("")
 
-    L += ["## Data efficiency D_J(σ) per model size", "", "D_J(σ) = D_min + (β/σ)^α "
-          "(† = estimate on the optimiser's bound: that parameter is not identified by these points)", ""]
+    L += ["## Data efficiency D_J(σ) per model size", "", "D_J(σ) = D_min + (β/σ)^α, tested against D_J = const "
+          "by AICc where the points allow it.", ""]
     L += _param_table(fit["data_efficiency_sigma"], ["task", "param_count", "threshold"], ["task", "N", "J"]) + [""]
+    L += _selection_lines(fit)
     if fit["data_efficiency_sigma_n"]:
-        L += ["## Data efficiency D_J(σ, N)", "", "D_J(σ, N) = D_min·(1 + (a/σ)^α + (b/N)^β)", ""]
+        L += ["## Data efficiency D_J(σ, N) (selected law)", ""]
         L += _param_table(fit["data_efficiency_sigma_n"], ["task", "threshold"], ["task", "J"]) + [""]
 
     ex = fit.get("extrapolation") or []
     if ex:
         L += ["## Held-out extrapolation", "",
-              "Fit on all but the largest level of one axis, predict that level. Errors are mean |log(pred/obs)|.", "",
-              "| task | J | held out | train error | held-out error |", "|---|---|---|---|---|"]
+              "Fit on all but the largest level of one axis, predict that level. Errors are mean |log(pred/obs)|; "
+              "×e^error is how far an extrapolation of that size may be off.", "",
+              "| task | J | held out | from | train error | held-out error |", "|---|---|---|---|---|---|"]
         L += [f"| {e['task']} | {_g(e['threshold'])} | {e['holdout']} = {_g(e['held_level'])} | "
-              f"{_g(e['mean_abs_log_error_train'])} | {_g(e['mean_abs_log_error_heldout'])} |" for e in ex] + [""]
+              f"≤ {_g(e.get('train_max'))} | {_g(e['mean_abs_log_error_train'])} | "
+              f"{_g(e['mean_abs_log_error_heldout'])} (×{_g(math.exp(e['mean_abs_log_error_heldout']))}) |"
+              for e in ex] + [""]
 
     al = fit["allocation"]
     L += ["## Compute-optimal allocation", ""]
     if al.get("skipped"):
         L += [f"Skipped: {al['skipped']}", ""]
     if "delta" in al:
+        K = al.get("extrapolate", 1.0)
         L += [f"Compute C = 10·N·B·σ·D FLOPs; budget F = C + δ·D with δ = {_g(al['delta'])} FLOPs per env step "
-              f"({al['delta_source']}).", ""]
+              f"({al['delta_source']}). Optima are searched "
+              + ("inside the swept σ and N (pass --extrapolate K to search K× beyond; such values are marked)."
+                 if K == 1 else f"up to ×{_g(K)} beyond the swept σ and N; values outside the sweep are marked "
+                                "(extrapolated)."), ""]
         for t, bm in al.get("batch_models", {}).items():
             L.append(f"- batch size used for {t}: " + ", ".join(f"{k} = {_g(v)}" for k, v in bm.items()))
         L.append("")
     rows = al.get("per_threshold", [])
     if rows:
-        L += ["| task | J | σ* | N* | B | D* | C* | F* | F if σ only | F if N only | semi-analytic agrees |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        L += ["| task | J | law | σ* | N* | B | D* | C* | F* | F if σ only | F if N only | unconstrained optimum |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             iv = r["intervals"]
-            L.append(f"| {r['task']} | {_g(r['threshold'])} | {_ci(iv['sigma'])} | {_ci(iv['N'])} | {_g(r['B'])} | "
-                     f"{_ci(iv['D'])} | {_ci(iv['C'])} | {_ci(iv['F'])} | ×{_g(r['sigma_only']['F_ratio'])} | "
-                     f"×{_g(r['N_only']['F_ratio'])} | {'yes' if r.get('agree') else 'n/a'}"
-                     f"{' (extrapolated)' if r.get('extrapolated') else ''} |")
+            sa = r.get("semi_analytic")
+            check = ("–" if sa is None else "agrees" if r.get("agree") else
+                     f"outside the box (σ {_g(sa['sigma'])}, N {_g(sa['N'])})" if not sa.get("inside_box")
+                     else "DISAGREES")
+            so = f"×{_g(r['sigma_only']['F_ratio'])}" if r.get("sigma_only") else "–"
+            no = f"×{_g(r['N_only']['F_ratio'])}" if r.get("N_only") else "–"
+            L.append(f"| {r['task']} | {_g(r['threshold'])} | {r.get('kind', '')} | {_optimum_cell(r, 'sigma')} | "
+                     f"{_optimum_cell(r, 'N')} | {_g(r['B'])} | {_ci(iv['D'])} | {_ci(iv['C'])} | {_ci(iv['F'])} | "
+                     f"{so} | {no} | {check} |")
         L += ["", "σ only / N only: keep the other axis at the optimum of the lowest J and scale just one; "
-              "the factor is the extra budget needed.", ""]
+              "the factor is the extra budget needed. An optimum on the edge of the searched box is not an "
+              "optimum: the sweep must be extended in that direction.", ""]
     if al.get("power_laws"):
-        L += ["### Budget scaling across thresholds", "", "| task | law | A | s | R² (log) |", "|---|---|---|---|---|"]
-        L += [f"| {p['task']} | {p['formula']} | {_ci(p['params']['A'])} | {_ci(p['params']['s'])} | "
-              f"{_g(p['r2_log'], 4)} |" for p in al["power_laws"]] + [""]
-    for r in al.get("sigma_only_studies", []):
-        L.append(f"- {r['task']} N = {_g(r['N'])}, J = {_g(r['threshold'])}: σ* = {_g(r['sigma'])}, "
-                 f"D = {_g(r['D'])}, F = {_g(r['F'])}")
+        L += ["### Budget scaling across thresholds", "", "| task | law | A | s | R² (log) | F range |",
+              "|---|---|---|---|---|---|"]
+        for p in al["power_laws"]:
+            if "skipped" in p:
+                L.append(f"| {p['task']} | {p['formula']} | skipped: {p['skipped']} | | | |")
+            else:
+                L.append(f"| {p['task']} | {p['formula']} | {_ci(p['params']['A'])} | {_ci(p['params']['s'])} | "
+                         f"{_g(p['r2_log'], 4)} | {_g(p['F_range'][0])}–{_g(p['F_range'][1])} |")
+        L.append("")
     if figures:
         L += ["## Figures", ""] + [f"![{Path(f).stem}]({Path(f).name})" for f in figures if f.endswith(".png")]
     return "\n".join(L) + "\n"
