@@ -14,6 +14,9 @@ from scaling_rl import nets
 from scaling_rl.flow import data, model, rewards, sde
 
 N, T = 2000, 100
+# jitted once: op-by-op dispatch would compile every primitive separately
+DETECT = jax.jit(data.detect_shapes)
+REWARD = {name: jax.jit(rewards.get(name)) for name in rewards.known()}
 TIMES = (25, 50, 75, 100)
 
 
@@ -74,7 +77,8 @@ def test_step_logprob_is_the_gaussian_density_of_the_sampled_step():
     x = jax.random.normal(jax.random.PRNGKey(3), (64, 2))
     key = jax.random.PRNGKey(4)
     for k, sched in ((0, "sqrt"), (7, "sqrt"), (3, "flow_grpo")):
-        x_next, mean, std, logp = sde.sde_transition(data.toy2d_velocity, x, k, key, 10, 0.7, sched)
+        x_next, mean, std, logp = jax.jit(sde.sde_transition, static_argnums=(0, 4, 5, 6))(
+            data.toy2d_velocity, x, k, key, 10, 0.7, sched)
         t = k / 10
         v = data.toy2d_velocity(x, jnp.full((64,), t))
         sigma = 0.7 * math.sqrt(1 - t) if sched == "sqrt" else 0.7 * math.sqrt((1 - t) / max(t, 0.1))
@@ -110,7 +114,7 @@ def test_noise_schedules_and_bad_names():
 def test_shapes_detector_is_exact_on_data():
     x, label = jax.jit(data.shapes_sample, static_argnums=1)(jax.random.PRNGKey(0), 512)
     assert x.shape == (512, 12 * 12 * 3) and set(np.unique(np.asarray(x))) == {-1.0, 1.0}
-    occupied, colour, count = data.detect_shapes(x)
+    occupied, colour, count = DETECT(x)
     np.testing.assert_array_equal(count, label + 1)
     assert set(np.unique(np.asarray(label))) == {0, 1, 2}
     img = np.asarray(x).reshape(512, 12, 12, 3)
@@ -120,29 +124,29 @@ def test_shapes_detector_is_exact_on_data():
             cell = img[i, 4 * r:4 * r + 4, 4 * q:4 * q + 4]
             lit = cell.max(-1) > 0
             assert lit.sum() == 4 and (cell[lit].argmax(-1) == int(colour[i, c])).all()
-    assert float(jnp.mean(rewards.shapes_count(x, label))) == 1.0
+    assert float(jnp.mean(REWARD["shapes_count"](x, label))) == 1.0
     # isolated bright pixels are not shapes; a 2x2 block is, wherever it sits in its cell
     noise = (-jnp.ones((12, 12, 3))).at[0, 0, 0].set(1.0).at[2, 3, 1].set(1.0).at[9, 9, 2].set(1.0)
-    assert int(data.detect_shapes(noise.reshape(-1))[2]) == 0
+    assert int(DETECT(noise.reshape(-1))[2]) == 0
     block = (-jnp.ones((12, 12, 3))).at[5:7, 6:8, 1].set(0.5)
-    occ, col, cnt = data.detect_shapes(block.reshape(-1))
+    occ, col, cnt = DETECT(block.reshape(-1))
     assert int(cnt) == 1 and bool(occ[4]) and int(col[4]) == 1
     # colours are uniform: about 1/3 of shapes red; 1/3 of those in the left column
-    np.testing.assert_allclose(float(jnp.mean(rewards.shapes_red(x, label))), 1 / 3, atol=0.05)
-    np.testing.assert_allclose(float(jnp.mean(rewards.shapes_red_left(x, label))), 1 / 9, atol=0.04)
+    np.testing.assert_allclose(float(jnp.mean(REWARD["shapes_red"](x, label))), 1 / 3, atol=0.05)
+    np.testing.assert_allclose(float(jnp.mean(REWARD["shapes_red_left"](x, label))), 1 / 9, atol=0.04)
 
 
 def test_reward_values_by_hand():
     pts = jnp.array([[2.0, 0.0], [0.0, 1.0], [-3.0, 0.0]])
-    np.testing.assert_allclose(rewards.get("toy_angle")(pts, None), [1.0, 0.0, -1.0], atol=1e-6)
+    np.testing.assert_allclose(REWARD["toy_angle"](pts, None), [1.0, 0.0, -1.0], atol=1e-6)
     img = (-jnp.ones((1, 12, 12, 3))).at[0, 0:2, 0:2, 0].set(1.0).at[0, 5:7, 9:11, 2].set(1.0)
     x = img.reshape(1, -1)
-    assert float(rewards.shapes_red(x, None)[0]) == 0.5          # red + blue
-    assert float(rewards.shapes_red_left(x, None)[0]) == 0.5      # the red one is top-left
-    np.testing.assert_array_equal(rewards.shapes_count(x, jnp.array([1])), [1.0])
-    np.testing.assert_array_equal(rewards.shapes_count(x, jnp.array([0])), [0.0])
+    assert float(REWARD["shapes_red"](x, None)[0]) == 0.5          # red + blue
+    assert float(REWARD["shapes_red_left"](x, None)[0]) == 0.5      # the red one is top-left
+    np.testing.assert_array_equal(REWARD["shapes_count"](x, jnp.array([1])), [1.0])
+    np.testing.assert_array_equal(REWARD["shapes_count"](x, jnp.array([0])), [0.0])
     bright = 8 / 432     # 8 lit channel values of 432 at 1, the rest at 0
-    np.testing.assert_allclose(rewards.brightness(x, None), [1 - 10 * abs(bright - 0.1)], rtol=1e-5)
+    np.testing.assert_allclose(REWARD["brightness"](x, None), [1 - 10 * abs(bright - 0.1)], rtol=1e-5)
     rewards.register("neg_x", lambda x, c: -x[..., 0])
     assert "neg_x" in rewards.known() and float(rewards.get("neg_x")(pts, None)[0]) == -2.0
     rewards._REWARDS.pop("neg_x")
@@ -151,8 +155,9 @@ def test_reward_values_by_hand():
 def test_velocity_net_counts_and_zero_head():
     bb = nets.BackboneConfig(kind="bro", width=32, depth=2)
     net = model.VelocityNet(bb, 2, 8)
-    params = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 2)), jnp.zeros((1,)), jnp.zeros((1,), jnp.int32))
+    params = jax.jit(net.init)(jax.random.PRNGKey(0), jnp.zeros((1, 2)), jnp.zeros((1,)),
+                               jnp.zeros((1,), jnp.int32))
     assert nets.param_count(params) == model.velocity_param_count(bb, 2, 8)
     assert model.velocity_flops(bb, 2, 8) == nets.backbone_flops(bb, 2 + 16 + 8) + 2 * 32 * 2 + 2
-    out = net.apply(params, jnp.ones((5, 2)), jnp.full((5,), 0.3), jnp.arange(5))
+    out = jax.jit(net.apply)(params, jnp.ones((5, 2)), jnp.full((5,), 0.3), jnp.arange(5))
     assert out.shape == (5, 2) and float(jnp.abs(out).max()) == 0.0      # zero-initialised head
