@@ -1,12 +1,71 @@
 #!/usr/bin/env bash
-# The main job: the quickstart sweep (SAC on Pendulum, 3 widths x 3 UTD ratios x 2 seeds, local
-# backend) -> one tidy results table -> scaling-law fit -> report and figures.
+# The main job: the quickstart sweep (sweeps/quickstart.yaml: SAC on Pendulum, 4 widths x 4 UTD
+# ratios x 5 vmapped seeds, log-spaced evaluation, local backend) -> one tidy results table ->
+# scaling-law fit -> report and figures.
 # Rerunning resumes: done trials are skipped, the others continue from their last checkpoint.
+# Progress: one plain line every PROGRESS_S seconds (default 15) and whenever a trial finishes, so
+# it reads the same in a terminal, under `make quickstart | tee log` and in CI logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 OUT=${OUT:-runs/quickstart}
+PROGRESS_S=${PROGRESS_S:-15}
+
+# Polls the store (trial_status.json, and train.run's status.json for the chunk of each running
+# trial): no TTY needed, no JAX imported, a few small files read per poll.
+watch_sweep() {
+  "$BIN/python" - "$1" "$PROGRESS_S" <<'PY'
+import json, sys, time
+from pathlib import Path
+
+from scaling_rl.sweep.collect import format_eta, status_summary
+from scaling_rl.sweep.store import Store
+
+root, every = Path(sys.argv[1]), float(sys.argv[2])
+t0, last_line, last_done = time.time(), 0.0, None
+
+
+def read(path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+while True:
+    time.sleep(2)
+    if not (root / "trials").is_dir():
+        continue
+    s = status_summary(root)
+    c = s["counts"]
+    done = c["done"] + c["diverged"] + c["failed"]
+    if done == last_done and time.time() - last_line < every:
+        continue
+    store, running = Store(root), []
+    for tid in store.trial_ids():
+        st = store.status(tid)
+        if st.get("state") != "running":
+            continue
+        axes = read(store.trial_dir(tid) / "trial.json").get("axes", {})
+        run_dir = root / "packs" / st["packed_in"] if st.get("packed_in") else store.trial_dir(tid)
+        prog = read(run_dir / "status.json")
+        where = (f"chunk {prog['chunk']}/{prog['num_chunks']}" if prog.get("status") == "running"
+                 and prog.get("chunk") else "starting")
+        running.append(" ".join(f"{k}={v}" for k, v in axes.items()) + f" ({where})")
+    m, sec = divmod(int(time.time() - t0), 60)
+    bad = "".join(f" {k}={c[k]}" for k in ("diverged", "failed", "interrupted") if c.get(k))
+    print(f"[{m:2d}m{sec:02d}s] sweep: {c['done']}/{s['total']} done{bad} · eta "
+          f"{format_eta(s['eta_s'])}" + (" · running: " + "; ".join(running) if running else ""),
+          flush=True)
+    last_line, last_done = time.time(), done
+PY
+}
+
+watch_sweep "$OUT/sweep" &
+WATCH=$!
+trap 'kill "$WATCH" 2>/dev/null || true' EXIT
 $BIN/scaling-rl sweep run sweeps/quickstart.yaml --out "$OUT/sweep" --no-progress
+kill "$WATCH" 2>/dev/null || true
 $BIN/scaling-rl sweep status "$OUT/sweep"
 $BIN/scaling-rl sweep collect "$OUT/sweep"
 $BIN/scaling-rl fit "$OUT/sweep/results.parquet" --metric eval_return --out "$OUT/fit"

@@ -97,10 +97,12 @@ def test_shipped_specs_validate_against_the_agents():
                 pytest.skip(str(e))
             raise
         sizes[name] = (len(spec.trials), spec.trials[0].seeds)
-    assert sizes == {"quickstart.yaml": (9, 2), "value_scaling_gpu.yaml": (192, 5),
+    assert sizes == {"quickstart.yaml": (16, 5), "value_scaling_gpu.yaml": (192, 5),
                      "crl_depth_gpu.yaml": (7, 5)}
     vs = yaml.safe_load((REPO / "sweeps" / "value_scaling_gpu.yaml").read_text())
     assert vs["grid"]["utd"] == [1, 2, 4, 8]
+    for name in ("quickstart.yaml", "value_scaling_gpu.yaml"):  # D_J needs log-spaced logging
+        assert yaml.safe_load((REPO / "sweeps" / name).read_text())["base"]["eval_schedule"] == "log"
 
 
 # ---- runs ------------------------------------------------------------------------------------
