@@ -311,6 +311,7 @@ class OrderedSource:
     def __init__(self, trainer):
         self.trainer = trainer
         self.pending: dict[int, Group] = {}
+        self.consumed: list[int] = []   # group indices trained on, in order
         self.wait_s = 0.0
 
     def _receive(self, timeout: float) -> list[Group]:
@@ -329,6 +330,7 @@ class OrderedSource:
                     self.pending.setdefault(g.index, g)
         wait = time.perf_counter() - t0
         self.wait_s += wait
+        self.consumed += list(want)
         data = assemble(self.trainer, [self.pending.pop(j) for j in want])
         data["source"] = {"source/wait_s": wait, "source/queued_groups": len(self.pending)}
         return data
