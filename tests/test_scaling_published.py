@@ -61,9 +61,10 @@ def test_loader_steps_and_param_count_roundtrip(study, seed_only_dir, with_steps
 
 def test_fit_seed_only_arrays_with_param_count_gives_sigma_star(seed_only_dir, tmp_path):
     out = tmp_path / "fit"
-    assert _fit(seed_only_dir, out, "--steps", f"{EVERY:g}:{EVERY:g}", "--param-count", "1e5") == 0
+    assert _fit(seed_only_dir, out, "--steps", f"{EVERY:g}:{EVERY:g}", "--param-count", "1e5",
+                "--extrapolate", "2") == 0
     fit = json.loads((out / "fit.json").read_text())
-    assert fit["levels"]["param_count"] == [1e5]
+    assert fit["levels"]["param_count"] == [1e5] and fit["settings"]["extrapolate"] == 2.0
     al = fit["allocation"]
     assert "skipped" not in al or "model size" not in al["skipped"]
     sig = [r for r in al.get("per_threshold", []) if r["kind"] == "sigma_law"]   # one-size study: σ only

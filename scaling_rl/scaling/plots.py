@@ -366,8 +366,10 @@ def draw_data_efficiency_sigma(fit: dict):
                 continue
             formula = formula or rec.get("formula")
             b = rec["band"]
+            mr = [_pos(v) for v in rec.get("measured_range") or []]   # the σ range the law was fitted on
+            x_lo, x_hi = (min(mr), max(mr)) if len(mr) == 2 and all(map(math.isfinite, mr)) else (x.min(), x.max())
             _draw_fit(ax, b.get("utd") or [], b.get("estimate") or [], b.get("lo"), b.get("hi"),
-                      float(x.min()), float(x.max()), K, colors[j])
+                      float(x_lo), float(x_hi), K, colors[j])
         ax.set_xscale("log")
         ax.set_yscale("log")
         sig = [_num(p.get("utd")) for p in pts]
@@ -864,7 +866,9 @@ def draw_budget_scaling(fit: dict):
         if handles:
             axes[r_i, 2].legend(handles=handles, framealpha=0.85, fontsize=7, loc="upper center",
                                 bbox_to_anchor=(0.5, -0.2), ncol=2)
-        axes[r_i, 2].set_title(f"{task}: optimal σ* and N*")
+        fixed_n = [r for r in trows if "N" in _fixed_axes(r)]
+        axes[r_i, 2].set_title(f"{task}: optimal σ* (N = {_fmt(_num(fixed_n[0]['N']))} fixed)"
+                               if fixed_n and len(fixed_n) == len(trows) else f"{task}: optimal σ* and N*")
         for ax in axes[r_i]:
             ax.set_xlabel("budget F = C + δ·D  (FLOPs)")
             ax.set_xscale("log")
