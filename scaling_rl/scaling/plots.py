@@ -333,7 +333,8 @@ def draw_data_efficiency_sigma(fit: dict):
         nrows = math.ceil(len(tasks) / ncols)
         cells = {(t, panels[t][0]): divmod(i, ncols) for i, t in enumerate(tasks)}
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols + (2.2 if not shared_j and by_row else 0.6),
-                                                    3.1 * nrows), squeeze=False, sharey="row" if by_row else False)
+                                                    (3.1 if by_row or shared_j else 3.7) * nrows), squeeze=False,
+                             sharey="row" if by_row else False)
     used = set(cells.values())
     for r in range(nrows):
         for c in range(ncols):
@@ -385,7 +386,8 @@ def draw_data_efficiency_sigma(fit: dict):
             handles = _legend_handles_j(fit, task, colors)
             last = max(cc for (t, _), (rr, cc) in cells.items() if t == task)
             if not by_row:
-                ax.legend(handles=handles, loc="best", fontsize=7, framealpha=0.8, title=task, title_fontsize=7)
+                ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=min(3, len(handles)),
+                          fontsize=7, frameon=False, title=f"threshold ({task})", title_fontsize=7)
             elif c == last:
                 ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False,
                           title=f"threshold ({task})", fontsize=8)
