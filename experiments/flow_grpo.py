@@ -3,7 +3,7 @@
     python experiments/flow_grpo.py                    # CPU default: 2-D toy, 3 seeds, ~2-4 min
     python experiments/flow_grpo.py --out runs/flow_grpo_shapes --dataset shapes \\
         --reward shapes_red --width 512 --depth 4 --pretrain-steps 20000 --pretrain-batch 256 \\
-        --lr 3e-4 --groups 16 --group-size 16 --updates 400 --chunk-updates 10 --seeds 3  # GPU
+        --pretrain-lr 1e-3 --lr 3e-4 --groups 16 --group-size 16 --updates 400 --chunk-updates 10 --seeds 3  # GPU
 
 Three variants from the same pretrained reference (`pretrain_seed` 0), same seeds and number of
 policy updates:
@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--pretrain-steps", type=int, default=1500)
     p.add_argument("--pretrain-batch", type=int, default=256)
+    p.add_argument("--pretrain-lr", type=float, default=3e-3)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--beta", type=float, default=0.01)
     p.add_argument("--groups", type=int, default=8)
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
 
     base = grpo.Config(dataset=args.dataset, reward=args.reward, conditional=args.conditional,
                        width=args.width, depth=args.depth, pretrain_steps=args.pretrain_steps,
-                       pretrain_batch=args.pretrain_batch, lr=args.lr, beta=args.beta,
+                       pretrain_batch=args.pretrain_batch, pretrain_lr=args.pretrain_lr, lr=args.lr, beta=args.beta,
                        groups=args.groups, group_size=args.group_size, t_eval=args.t_eval,
                        updates=args.updates, chunk_updates=args.chunk_updates,
                        eval_samples=args.eval_samples)
