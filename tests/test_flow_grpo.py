@@ -176,21 +176,23 @@ def test_flow_grpo_sweep_trial_kind(tmp_path):
     assert kind.packable() == ("lr",)
     out = tmp_path / "store"
     spec = tmp_path / "flow.yaml"
-    # trials differing only in η share every program (η is optimiser state)
+    # trials differing only in η (optimiser state) run packed: one vmapped program, a seed each
     spec.write_text(yaml.safe_dump({"name": "flow", "agent": "flow_grpo", "out_dir": str(out),
-                                    "seeds": 2, "base": TINY, "grid": {"lr": [1e-3, 3e-3]},
+                                    "seeds": 1, "pack": True, "base": TINY, "grid": {"lr": [1e-3, 3e-3]},
                                     # the suite's compile cache: the programs of test_resume_is_exact
                                     "compile_cache": jax.config.jax_compilation_cache_dir or False}))
     assert cli.main(["sweep", "run", str(spec), "--workers", "0", "--no-progress"]) == 0
     store = Store(out)
     assert len(store.trial_ids()) == 2
+    packs = set()
     for tid in store.trial_ids():
-        assert store.status(tid)["state"] == "done"
-        rec = json.loads((store.trial_dir(tid) / "config.json").read_text())
-        assert rec["param_count"] == kind.param_count(store.trial(tid).config)
+        st = store.status(tid)
+        assert st["state"] == "done" and st["param_count"] == kind.param_count(store.trial(tid).config)
+        packs.add(st.get("packed_in"))
+    assert len(packs) == 1 and None not in packs
     assert cli.main(["sweep", "collect", str(out), "--no-progress"]) == 0
     df = pd.read_parquet(out / "results.parquet")
-    assert len(df) == 2 * 2 * 3 and sorted(df["lr"].unique()) == [1e-3, 3e-3]
+    assert len(df) == 2 * 3 and sorted(df["lr"].unique()) == [1e-3, 3e-3]
     assert sorted(df["env_steps"].unique()) == [16, 32, 48]
     assert {"eval_return", "kl", "reward", "flops", "param_count"} <= set(df.columns)
     a, b = (g.drop(columns=["trial_id", "lr"]) for _, g in df.groupby("lr"))
