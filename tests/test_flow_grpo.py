@@ -89,6 +89,31 @@ def test_full_rollout_is_a_chain_of_its_step_gaussians(toy):
                                             - 0.5 * np.log(2 * np.pi), -1), rtol=1e-4, atol=1e-4)
 
 
+def test_conditional_step_gaussians_use_each_samples_condition():
+    """Class-conditional toy: step_stats' means equal the SDE step mean computed sample by sample
+    with that sample's own class (and the class changes the velocity, so a mix-up would show)."""
+    cfg = grpo.Config(**{**TINY, "conditional": True, "pretrain_steps": 200, "pretrain_batch": 64})
+    agent = grpo.make(cfg)
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0))
+    cond_groups = jnp.array([1, 6])
+    x, c, xs, xs_next, idx, _ = jax.jit(agent.rollout)(state.params, jax.random.PRNGKey(3), cond_groups)
+    np.testing.assert_array_equal(c, [1, 1, 1, 1, 6, 6, 6, 6])
+    _, mean, std = jax.jit(agent.step_stats)(state.params, xs, xs_next, idx, c)
+    T = cfg.t_train
+
+    @jax.jit
+    def direct(x, t, cls):
+        v = agent.net.apply(state.params, x[None], t[None], cls[None])
+        return sde.step_gaussian(x[None], v, t[None], T, cfg.noise_level, cfg.noise_schedule)[0][0]
+
+    for j in range(T):
+        t = jnp.asarray(j / T, jnp.float32)
+        for b in (0, 5):
+            np.testing.assert_allclose(mean[b, j], direct(xs[j, b], t, c[b]), rtol=1e-4, atol=1e-5)
+    other = direct(xs[2, 0], jnp.asarray(2 / T, jnp.float32), jnp.asarray(6))
+    assert float(jnp.abs(other - mean[0, 2]).max()) > 1e-3
+
+
 def test_fast_rollout_branches_from_a_shared_prefix(toy):
     agent = grpo.make(dataclasses.replace(CFG, fast=True, fast_window=2))
     state = toy[1]
