@@ -3,7 +3,6 @@ to the reference bounded, exact resume through train.run, and the `flow_grpo` sw
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp

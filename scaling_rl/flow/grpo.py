@@ -94,8 +94,9 @@ class Config:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if self.updates % self.chunk_updates:
+            fit = self.updates // self.chunk_updates * self.chunk_updates or self.chunk_updates
             raise ValueError(f"updates: {self.updates} is not a multiple of chunk_updates="
-                             f"{self.chunk_updates}; use {self.updates // self.chunk_updates * self.chunk_updates or self.chunk_updates}")
+                             f"{self.chunk_updates}; use {fit}")
         if self.fast and self.fast_window > self.t_train:
             raise ValueError(f"fast_window: {self.fast_window} is longer than t_train={self.t_train}")
         if self.reward.startswith("shapes") and self.dataset != "shapes":
