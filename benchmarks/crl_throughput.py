@@ -27,9 +27,7 @@ Last line: `min_speedup_vs_unrolled=<x>` = min over measured depths of unrolled 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -165,26 +163,30 @@ def measure(args, depth: int, cache_dir: str) -> dict:
         learner, batch, key = concrete_inputs(agent, cfg)
         learner, aux = compiled(learner, batch, key)     # warm-up
         jax.block_until_ready(aux)
-        runs[name] = [compiled, learner, batch, key, []]
+        runs[name] = [compiled, learner, batch, key, [], []]
     for _ in range(args.repeats):                        # interleaved: machine load hits both alike
         for run in runs.values():
-            compiled, learner, batch, key, times = run
-            t0 = time.perf_counter()
+            compiled, learner, batch, key, times, cpu = run
+            t0, c0 = time.perf_counter(), time.process_time()
             learner, aux = compiled(learner, batch, key)
             jax.block_until_ready((learner, aux))
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             run[1] = learner
     for name, run in runs.items():
         row[f"{name}_step_s"] = statistics.median(run[4])
+        row[f"{name}_cpu_s"] = statistics.median(run[5])
     if "ours_step_s" in row and "unrolled_step_s" in row:
         row["ratio"] = row["unrolled_step_s"] / row["ours_step_s"]
+        # CPU seconds of this process per step: less sensitive to other processes on a shared box
+        row["cpu_ratio"] = row["unrolled_cpu_s"] / row["ours_cpu_s"]
     return row
 
 
 def print_table(rows: list[dict], args) -> None:
     print(f"\nCRL update, backend {jax.default_backend()}, width {args.width}, batch {args.batch_size}, "
           f"{args.compute_dtype}, remat={args.remat}; ratio = unrolled / ours step time (> 1: ours faster)")
-    head = ["depth", "params", "ours step ms", "unrolled step ms", "ratio", "ours compile s",
+    head = ["depth", "params", "ours step ms", "unrolled step ms", "ratio", "cpu-time ratio", "ours compile s",
             "unrolled compile s", "ours peak MiB", "unrolled peak MiB"]
     body = []
     for r in rows:
@@ -192,38 +194,14 @@ def print_table(rows: list[dict], args) -> None:
         sec = lambda k: f"{r[k]:.1f}" if k in r else "-"               # noqa: E731
         mib = lambda k: f"{r[k] / 2 ** 20:.0f}" if k in r else "-"     # noqa: E731
         body.append([str(r["depth"]), f"{r['params']:,}", ms("ours_step_s"), ms("unrolled_step_s"),
-                     f"{r['ratio']:.2f}" if "ratio" in r else "-", sec("ours_compile_s"),
+                     f"{r['ratio']:.2f}" if "ratio" in r else "-",
+                     f"{r['cpu_ratio']:.2f}" if "cpu_ratio" in r else "-", sec("ours_compile_s"),
                      sec("unrolled_compile_s") if "unrolled_compile_s" in r else r.get("unrolled_note", "-"),
                      mib("ours_peak"), mib("unrolled_peak")])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
     for b in body:
         print("  ".join(c.rjust(w) for c, w in zip(b, widths)), flush=True)
-
-
-def loop_buffers(hlo_text: str, num_blocks: int) -> list[tuple[int, int]]:
-    """For each while loop of an optimised HLO module: (number of depth-stacked arrays it carries,
-    their bytes). Depth-stacked = leading dimension num_blocks: stacked params, their gradients and
-    Adam moments, and the residuals one scan iteration saves for the backward pass."""
-    sizes = {"f32": 4, "bf16": 2, "s32": 4, "u32": 4, "pred": 1}
-    out = []
-    for line in hlo_text.splitlines():
-        if " while(" not in line:
-            continue
-        shape = line.split(" while(")[0].split(" = ", 1)[1]
-        stacked = [(t, [int(d) for d in dims.split(",")])
-                   for t, dims in re.findall(r"(f32|bf16|s32|u32|pred)\[([\d,]+)\]", shape)]
-        stacked = [(t, d) for t, d in stacked if len(d) >= 2 and d[0] == num_blocks]
-        nbytes = sum(sizes[t] * _prod(d) for t, d in stacked)
-        out.append((len(stacked), nbytes))
-    return out
-
-
-def _prod(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
 
 
 def hlo_report(args) -> None:
@@ -241,7 +219,7 @@ def hlo_report(args) -> None:
             compiled, _ = compile_update(crl.make(cfg), cfg)
         finally:
             nets.backbone.SCAN_SAVE_POLICY = saved
-        loops = loop_buffers(compiled.as_text(), nb)
+        loops = nets.memory.while_loop_stacked_buffers(compiled.as_text(), nb)
         total = sum(b for _, b in loops)
         print(f"  {label:26s} peak {peak_bytes(compiled) / 2 ** 20:8.0f} MiB  loops "
               + " ".join(f"[{n}, {b / 2 ** 20:.0f}]" for n, b in loops) + f"  total {total / 2 ** 20:.0f} MiB")

@@ -388,6 +388,8 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
     seed_hparams = _seed_hparams(agent_name, mod, cfg, seeds, seed_configs)
     try:
         agent = mod.make(cfg)
+        from scaling_rl.nets import memory   # estimated peak memory vs the budget (docs/deep_stacks.md)
+        memory.check_fits(mod, cfg, agent, seeds)
     except (ValueError, TypeError) as e:
         raise ConfigError(_one_line(e)) from None
 

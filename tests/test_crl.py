@@ -206,3 +206,38 @@ def test_data_parallel_update_in_a_two_device_process():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+# --- memory: the estimate train.run checks against the budget -------------------------------------
+@pytest.mark.parametrize("remat", [False, True])
+def test_memory_estimate_brackets_xla_buffer_assignment(remat):
+    """nets.memory's analytic peak vs XLA's own buffer assignment of one compiled chunk: never
+    under by more than 5%, over by at most 25% (it counts gradients and updates as live at once)."""
+    from scaling_rl import nets
+
+    cfg = crl.Config(**{**TINY, "num_envs": 16, "learning_starts": 16, "chunk_env_steps": 256,
+                        "env_steps": 272, "batch_size": 32, "width": 32, "depth": 16, "actor_width": 32,
+                        "actor_depth": 16, "buffer_size": 1024, "remat": remat})
+    agent = crl.make(cfg)
+    m = jax.jit(agent.chunk, donate_argnums=0).lower(
+        jax.eval_shape(agent.init, jax.random.PRNGKey(0))).compile().memory_analysis()
+    xla = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    est = nets.estimate_peak_bytes(crl, cfg, agent)
+    assert 0.95 * xla <= est <= 1.25 * xla, (est, xla)
+    assert nets.estimate_peak_bytes(crl, cfg, agent, seeds=3) == 3 * est
+
+
+def test_cli_refuses_a_config_over_the_memory_budget_before_writing(tmp_path, capsys, monkeypatch):
+    from scaling_rl import cli
+
+    out = tmp_path / "run"
+    argv = ["train", "--agent", "crl", "--depth", "1024", "--width", "256", "--out", str(out)]
+    monkeypatch.setenv("SCALING_RL_MEMORY_BUDGET", "1GiB")   # the estimate: ~3.7 GiB
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and not out.exists()
+    assert "memory: estimated peak" in err and "exceeds the 1.00 GiB of $SCALING_RL_MEMORY_BUDGET" in err
+    assert "use remat=true" in err
+    monkeypatch.setenv("SCALING_RL_MEMORY_BUDGET", "lots")
+    assert cli.main(argv) == 2
+    assert "cannot read 'lots' as a size" in capsys.readouterr().err and not out.exists()

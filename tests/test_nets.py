@@ -123,7 +123,7 @@ def test_scanned_equals_unrolled(kind, unrolled, x):
     assert jax.tree.map(jnp.shape, stacked) == jax.tree.map(lambda s: s.shape, init_shapes)
     y_unrolled = jax.jit(Backbone(cfg).apply)(params, x)
     y_scanned = jax.jit(Backbone(scanned_cfg).apply)(stacked, x)
-    np.testing.assert_allclose(y_scanned, y_unrolled, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(y_scanned, y_unrolled)   # bit for bit
     back = unstack_params(stacked)
     assert jax.tree.structure(back) == jax.tree.structure(params)
     assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), back, params)))
@@ -137,6 +137,54 @@ def test_scanned_program_does_not_grow_with_depth():
         return len(jax.jit(model.apply).lower(jax.eval_shape(model.init, jax.random.key(0), x), x).as_text())
 
     assert program_size(256) <= 1.05 * program_size(8)
+
+
+def _grad_program(cfg, x):
+    model = Backbone(cfg)
+    params = model.init(jax.random.key(4), x)
+    return params, jax.jit(jax.value_and_grad(lambda p: jnp.mean(model.apply(p, x) ** 2)))
+
+
+def test_scan_saves_only_matmul_outputs_with_the_same_gradients(monkeypatch):
+    """The save policy (docs/deep_stacks.md): the forward loop keeps 4 matmul outputs + the block
+    input per CRL block instead of 28 arrays; loss bit for bit, gradients to float32 rounding (the
+    recomputed elementwise ops fuse differently, as they already did between scanned and unrolled)."""
+    from scaling_rl.nets import backbone, block_saved_bytes_per_row, memory
+
+    x = jax.random.normal(jax.random.key(5), (8, IN_DIM))
+    cfg = BackboneConfig(kind="crl", width=16, depth=16)
+    params, grad = _grad_program(cfg, x)
+    loss, g = grad(params)
+    saved = grad.lower(params).compile()
+    unrolled_params = unstack_params(params)
+    u_loss, u_g = _grad_program(dataclasses.replace(cfg, scan=False), x)[1](unrolled_params)
+    monkeypatch.setattr(backbone, "SCAN_SAVE_POLICY", None)        # JAX's scan saving everything
+    _, everything = _grad_program(cfg, x)
+    old_loss, old_g = everything(params)
+    assert float(loss) == float(old_loss) == float(u_loss)
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)  # noqa: E731
+    jax.tree.map(close, g, old_g)
+    jax.tree.map(close, g, stack_params(u_g))
+
+    nb, row = cfg.num_blocks, 4 * cfg.width * x.shape[0]           # one (batch, width) f32 array
+    kept = memory.while_loop_stacked_buffers(saved.as_text(), nb)
+    before = memory.while_loop_stacked_buffers(everything.lower(params).compile().as_text(), nb)
+    block_params = param_count(params["params"]["blocks"]) * 4      # stacked kernels, biases, scales
+    forward_now = max(b for _, b in kept[:1]) - block_params
+    forward_before = max(b for _, b in before[:1]) - block_params
+    assert forward_now == nb * (4 + 1) * row == nb * block_saved_bytes_per_row(cfg) * x.shape[0]
+    assert forward_before >= nb * 28 * row
+
+
+def test_remat_keeps_only_the_block_input():
+    from scaling_rl.nets import backbone_activation_bytes, memory
+
+    x = jnp.ones((8, IN_DIM))
+    cfg = BackboneConfig(kind="crl", width=16, depth=16, remat=True)
+    params, grad = _grad_program(cfg, x)
+    loops = memory.while_loop_stacked_buffers(grad.lower(params).compile().as_text(), cfg.num_blocks)
+    block_params = param_count(params["params"]["blocks"]) * 4
+    assert loops[0][1] - block_params == backbone_activation_bytes(cfg, 8) == 4 * 16 * 8 * 4
 
 
 def test_stack_params_finds_nested_backbone(unrolled):

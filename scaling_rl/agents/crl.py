@@ -514,6 +514,21 @@ def random_policy_metrics(cfg: Config, key: jax.Array, episodes: int | None = No
                            key)
 
 
+def memory_bytes(cfg: Config, agent: common.Agent) -> dict[str, int]:
+    """Analytic bytes of one seed's training (nets.memory.estimate_peak_bytes; nothing is traced).
+    Inputs of every network are taken as obs_dim wide (an upper bound: the input layer is tiny)."""
+    obs, a = agent.env_spec.obs_dim, agent.env_spec.action_dim
+    enc, act = encoder_backbone(cfg), actor_backbone(cfg)
+    params = 4 * (2 * (nets.backbone_param_count(enc, obs + a) + nets.dense_head_param_count(cfg.width, cfg.repr_dim))
+                  + nets.backbone_param_count(act, obs) + nets.dense_head_param_count(cfg.actor_width, 2 * a) + 1)
+    b = cfg.batch_size
+    # one update keeps φ(s, a), ψ(g), the actor and φ(s, π(s, g)) (the actor's Q) for its backward
+    activations = 3 * nets.backbone_activation_bytes(enc, b) + nets.backbone_activation_bytes(act, b)
+    return {"params": params, "adam_moments": 2 * params, "grads_and_updates": 2 * params,
+            "replay": 4 * cfg.buffer_size * (obs + a) + 8 * cfg.buffer_size,
+            "activations": activations + 4 * 4 * b * b}   # + the B x B logits, softmax, grads
+
+
 def param_count(cfg: Config) -> int:
     """Encoder (φ + ψ) parameter count N for `cfg` (builds the env to read its dimensions)."""
     return make(cfg).param_count
