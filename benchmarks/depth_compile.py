@@ -2,7 +2,8 @@
 
 One update = value_and_grad of an MSE loss through `Backbone` + an optax adam step, jitted; we time
 `.lower()` (trace) and `.compile()` (XLA) on abstract shapes, so nothing is initialised or run.
-The scanned stack's program does not grow with depth; the unrolled one grows linearly.
+The scanned stack's program does not grow with depth; the unrolled one grows linearly. Both sides
+are the best of --repeats cold compiles.
 
     .venv/bin/python benchmarks/depth_compile.py --kind crl --width 64
 Last line: compile_ratio_depth<max>_over_depth<min>=<x> for the scanned stack (target <= 2).
@@ -60,7 +61,7 @@ def main(argv=None) -> dict:
                     help="skip the unrolled reference above this depth (it takes minutes at 1024)")
     ap.add_argument("--remat", action="store_true", help="rematerialise each block")
     ap.add_argument("--repeats", type=int, default=3,
-                    help="best of this many compiles for the scanned stack (the unrolled one is timed once)")
+                    help="best of this many cold compiles, for the scanned and the unrolled stack alike")
     args = ap.parse_args(argv)
     depths = [int(d) for d in args.depths.split(",")]
 
@@ -74,7 +75,7 @@ def main(argv=None) -> dict:
         cfg = dataclasses.replace(base, depth=depth)
         row = {"depth": depth, "params": backbone_param_count(cfg, IN_DIM),
                "scanned": best_of(dataclasses.replace(cfg, scan=True), args.batch, args.repeats),
-               "unrolled": (compile_update(dataclasses.replace(cfg, scan=False), args.batch)
+               "unrolled": (best_of(dataclasses.replace(cfg, scan=False), args.batch, args.repeats)
                             if depth <= args.max_unrolled_depth else None)}
         rows.append(row)
         _print_row(row)  # progress: the unrolled compiles can be slow

@@ -91,8 +91,11 @@ def test_existing_step_is_an_error(tmp_path):
     with Checkpointer(tmp_path) as ckpt:
         ckpt.save(1, {"x": np.zeros(2)})
         ckpt.wait()
-        with pytest.raises(Exception):
+        # orbax's StepAlreadyExistsError (a ValueError); the stored step is left as it was
+        with pytest.raises(ValueError, match=r"step 1 already exists"):
             ckpt.save(1, {"x": np.ones(2)})
+        restored, _ = ckpt.restore(1, {"x": jax.ShapeDtypeStruct((2,), np.float64)})
+    assert np.asarray(restored["x"]).tolist() == [0.0, 0.0]
 
 
 def test_unfinished_save_is_ignored(tmp_path):

@@ -93,10 +93,27 @@ def test_switch_off_and_no_cache_dir(monkeypatch):
     assert program_cache.default_dir() is None
 
 
-def test_fingerprint_hashes_the_package_source():
+def test_fingerprint_hashes_the_package_source(tmp_path, monkeypatch):
     fp = program_cache.fingerprint()
     assert len(fp) == 64 and fp == program_cache.fingerprint()
     assert program_cache.key_digest({"a": 1}) != program_cache.key_digest({"a": 2})
+    # a copy of the package source hashes the same; one changed byte in any module changes it
+    src = Path(program_cache.__file__).resolve().parent
+    copy = tmp_path / "scaling_rl"
+    for p in src.rglob("*.py"):
+        (copy / p.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        (copy / p.relative_to(src)).write_bytes(p.read_bytes())
+    monkeypatch.setattr(program_cache, "__file__", str(copy / "program_cache.py"))
+    uncached = program_cache.fingerprint.__wrapped__                # fingerprint() is lru_cached
+    assert uncached() == fp
+    target = copy / "nets" / "backbone.py"
+    data = bytearray(target.read_bytes())
+    data[-2] = ord("#") if data[-2] != ord("#") else ord(" ")
+    target.write_bytes(bytes(data))
+    changed = uncached()
+    assert changed != fp
+    (copy / "agents" / "new_agent.py").write_text("")               # a new module counts too
+    assert uncached() not in (fp, changed)
 
 
 RUN = textwrap.dedent("""
