@@ -191,3 +191,58 @@ def test_coarse_logging_widens_the_intervals():
         pts = [p for p in fit["points"] if p["D_lo"] is not None]
         widths[mode] = np.median([math.log(p["D_hi"] / p["D_lo"]) for p in pts])
     assert widths["uniform"] > 1.5 * widths["none"], widths
+
+
+def test_batch_size_and_lr_optima_keep_their_own_values():
+    """B* and η* points are computed after every fit registered (late): each keeps its own field's values
+    (a late-binding bug once gave the B* points the η* values)."""
+    cs = synthetic.make_study(synthetic.Truth(), utds=[0.5, 2.0, 8.0], param_counts=(1e6,), batch_sizes=[256, 512],
+                              lrs=[1e-4, 3e-4], seeds=4, n_log=60, log_spaced=True, rng=6)
+    fit = report.jsonable(analysis.analyze(cs, analysis.Settings(n_bootstrap=20, n_thresholds=2, max_starts=4)))
+    pts = fit["hparams"]["points"]
+    assert {p["field"] for p in pts} == {"batch_size", "lr"}
+    assert all(256 * 0.999 <= p["estimate"] <= 512 * 1.001 for p in pts if p["field"] == "batch_size")
+    assert all(1e-4 * 0.999 <= p["estimate"] <= 3e-4 * 1.001 for p in pts if p["field"] == "lr")
+    assert any("no bootstrap spread" in (p.get("reason") or "") for p in pts)  # a grid point winning everywhere
+    check_honest(fit)
+
+
+# ---- calibration ------------------------------------------------------------------------------------
+
+COVERAGE_REPS = 40
+
+
+def _coverage_fit(seeds: int, rng: int, K: int):
+    """D_J(σ, N) at J = 0.5 on a 5 × 5 (σ, N) grid, 10% seed noise, the analysis' own pipeline
+    (seed bootstrap, WLS by the variance function, t_ν-inflated percentile/BCa intervals)."""
+    from scaling_rl.scaling import laws
+    from scaling_rl.scaling.curves import data_efficiency
+    cs = synthetic.make_study(synthetic.Truth(), utds=np.geomspace(0.25, 16, 5), param_counts=np.geomspace(3e4, 1e7, 5),
+                              seeds=seeds, noise=0.1, obs_noise=0.01, log_spaced=True, n_log=120, rng=rng)
+    st = analysis.Settings(n_bootstrap=K, max_starts=4, seed=rng)
+    de = data_efficiency(cs, thresholds=[0.5], normalize="none", n_bootstrap=K, seed=rng)
+    reps = analysis._replicates(de, st, [])
+    idx, x, y, Y, Yj = analysis._points_of(de, np.ones(len(de.groups), bool), 0)
+    w = analysis._weights(de, st, reps, idx, 0)
+    return analysis.fit_with_bootstrap(laws.DATA_EFFICIENCY_SIGMA_N, x, y, Y, st, reps, "D", Yj=Yj, weights=w)
+
+
+@pytest.fixture(scope="module")
+def estimand():
+    """What the estimator converges to with many seeds (400), the target of a calibrated interval."""
+    return _coverage_fit(400, 12345, 30).params()
+
+
+@pytest.mark.parametrize("seeds", [3, 5, 10])
+def test_90_percent_intervals_cover_85_to_95_percent(estimand, seeds):
+    """Coverage of the 90% intervals of the 5 law parameters over COVERAGE_REPS independent synthetic
+    studies (pooled: 200 (study, parameter) cases, binomial sd ≈ 2.1% at a true 90%; deterministic
+    seeds). Measured while building this: 3 seeds 0.917, 5 seeds 0.88 (60 studies each); before the
+    variance-function weights, raw per-point WLS weights gave 0.747 at 5 seeds."""
+    cover = []
+    for r in range(COVERAGE_REPS):
+        iv = _coverage_fit(seeds, 1000 + r, 60).intervals()
+        for k, v in estimand.items():
+            assert iv[k].get("lo") is not None, (k, iv[k])
+            cover.append(iv[k]["lo"] <= v <= iv[k]["hi"])
+    assert 0.85 <= np.mean(cover) <= 0.95, np.mean(cover)

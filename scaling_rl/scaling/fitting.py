@@ -512,7 +512,12 @@ def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, 
     tf = np.log if log else (lambda v: v)
     t0 = float(tf(est))
     dev = inflation * (tf(reps[good]) - t0)
+    dev = np.where(np.abs(dev) <= 1e-9 * max(1.0, abs(t0)), 0.0, dev)   # float noise is no spread
     m = dev.size
+    if not np.any(dev):
+        rec["reason"] = ("no bootstrap spread: every replicate gives the estimate (e.g. the same grid point wins "
+                         "in every resample), so the data cannot say how far off it is")
+        return rec
     p0 = float((np.sum(dev < 0) + 0.5 * np.sum(dev == 0)) / m)
     rec["p_below"] = p0
     alpha = (1 - level) / 2
