@@ -39,7 +39,7 @@ VARIANTS = {
 def base_config(task: str, steps: int, seed: int) -> dict:
     return dict(task=task, seed=seed, steps=steps, prompts_per_step=16, group_size=8, lr=2e-4,
                 eval_problems=100, eval_samples=8, eval_every=max(steps // 4, 1),
-                checkpoint_every=steps)
+                checkpoint_every=max(steps, 1))
 
 
 def sft_start(out: Path, task: str, seed: int, extra: dict | None = None) -> Path:

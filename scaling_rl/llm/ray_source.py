@@ -14,23 +14,14 @@ import dataclasses
 
 import time
 
-from scaling_rl.llm.sources import OrderedSource, Sampler, cpu_state
+from scaling_rl.llm.sources import OrderedSource, build_sampler, cpu_state
 
 
 class _RolloutActor:
     """Ray actor body: a `Sampler` that loads weights of a newer version when handed one."""
 
     def __init__(self, spec: dict):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from scaling_rl.llm.trainer import GRPOConfig
-        torch.set_num_threads(1)
-        cfg = GRPOConfig(**spec["config"])
-        model = AutoModelForCausalLM.from_config(spec["model_config"], attn_implementation="sdpa")
-        model.load_state_dict(spec["state"])
-        self.sampler = Sampler(cfg, model, spec["tokenizer"], spec["stream_seed"], spec["device"])
-        self.sampler.version = spec["version"]
+        self.sampler = build_sampler(spec)
 
     def generate(self, first_index: int, n_prompts: int, version: int, weights: list, worker: int):
         import ray

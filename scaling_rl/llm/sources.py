@@ -118,6 +118,22 @@ class Sampler:
         return Group(index, problem.id, batch, rewards, worker)
 
 
+def _pack(groups: list[Group]) -> list[Group]:
+    """Batch tensors -> numpy arrays: pickled by value through a queue (torch tensors would each
+    go through a shared-memory segment and a file-descriptor hand-over, ms apiece)."""
+    return [dataclasses.replace(g, batch=rollout.Batch(*[
+        None if v is None else v.numpy() for v in (getattr(g.batch, f.name)
+                                                   for f in dataclasses.fields(g.batch))]))
+            for g in groups]
+
+
+def _unpack(groups: list[Group]) -> list[Group]:
+    return [dataclasses.replace(g, batch=rollout.Batch(*[
+        None if v is None else torch.from_numpy(v) for v in (getattr(g.batch, f.name)
+                                                              for f in dataclasses.fields(g.batch))]))
+            for g in groups]
+
+
 def _to_cpu(batch: rollout.Batch) -> rollout.Batch:
     return rollout.Batch(*[None if v is None else v.detach().cpu()
                            for v in (getattr(batch, f.name) for f in dataclasses.fields(batch))])
@@ -128,19 +144,28 @@ def cpu_state(model) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
-# ---- worker process --------------------------------------------------------------------------
+def build_sampler(spec: dict) -> Sampler:
+    """A worker's Sampler from a spec (validated config dict, model config, weights, tokenizer).
+    The config travels as a plain namespace: importing the trainer (and JAX) would add seconds
+    to every worker start."""
+    import types
 
-def _worker_main(spec: dict, weights_q, out_q, stop_ev) -> None:
-    """Loop of one local worker process: mode "async" | "pipeline" | "searcher"."""
-    torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM
-
-    from scaling_rl.llm.trainer import GRPOConfig
-    cfg = GRPOConfig(**spec["config"])
+    torch.set_num_threads(1)
+    cfg = types.SimpleNamespace(**spec["config"])
     model = AutoModelForCausalLM.from_config(spec["model_config"], attn_implementation="sdpa")
     model.load_state_dict(spec["state"])
     sampler = Sampler(cfg, model, spec["tokenizer"], spec["stream_seed"], spec["device"])
     sampler.version = spec["version"]
+    return sampler
+
+
+# ---- worker process --------------------------------------------------------------------------
+
+def _worker_main(spec: dict, weights_q, out_q, stop_ev) -> None:
+    """Loop of one local worker process: mode "async" | "pipeline" | "searcher"."""
+    sampler = build_sampler(spec)
+    cfg = sampler.cfg
     parent, mode, worker = spec["parent_pid"], spec["mode"], spec["worker"]
     P, eta = cfg.prompts_per_step, cfg.max_staleness
 
@@ -159,7 +184,8 @@ def _worker_main(spec: dict, weights_q, out_q, stop_ev) -> None:
             sampler.load(latest[1], latest[0])
         return sampler.version
 
-    def put(item) -> None:
+    def put(groups) -> None:
+        item = _pack(groups)
         while alive():
             try:
                 out_q.put(item, timeout=POLL_S)
@@ -240,9 +266,9 @@ class _Worker:
         """Every group waiting in the queue (waiting up to `timeout` for the first)."""
         out = []
         try:
-            out += self.out_q.get(timeout=timeout)
+            out += _unpack(self.out_q.get(timeout=timeout))
             while True:
-                out += self.out_q.get_nowait()
+                out += _unpack(self.out_q.get_nowait())
         except queue.Empty:
             if not out and not self.proc.is_alive():
                 raise RuntimeError(f"rollout worker {self.proc.name} exited with code "
