@@ -283,7 +283,7 @@ def _replicates(de: DataEfficiency, st: Settings, notes: list) -> Replicates:
     if K == 0:
         return Replicates(0, 0, n, st.level, "no bootstrap requested (--bootstrap 0)")
     if n < 2:
-        return Replicates(0, 0, n, st.level, f"a single seed per configuration: no seed bootstrap")
+        return Replicates(0, 0, n, st.level, "a single seed per configuration: no seed bootstrap")
     per_task = de.groups.groupby("task").size().min()
     dof = float(per_task * (n - 1))
     notes.append(f"intervals: seed bootstrap ({K} resamples; BCa where the replicates are not centred on the "

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -53,6 +52,12 @@ def register(subparsers) -> None:
     p.add_argument("--extrapolate", type=float, default=1.0, metavar="K",
                    help="allow compute-optimal σ*, N* up to a factor K (>= 1) beyond the swept range; every "
                         "extrapolated value is marked (default 1: inside the sweep)")
+    p.add_argument("--weights", choices=("auto", "none", "bootstrap"), default="auto",
+                   help="weighted least squares by a variance function of log D_J (auto: with >= 4 seeds)")
+    p.add_argument("--interp-error", choices=("uniform", "none"), default="uniform",
+                   help="add D_J's interpolation uncertainty between log points to the bootstrap (default)")
+    p.add_argument("--select", choices=("aicc", "full"), default="aicc",
+                   help="D_J(σ, N): choose among the nested laws by AICc (default) or always report the full law")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--quiet", action="store_true")
@@ -76,16 +81,12 @@ def run_fit(args) -> int:
         raise UsageError(f"--out: {out} exists and is not a directory")
     if not (math.isfinite(args.extrapolate) and args.extrapolate >= 1):
         raise UsageError(f"--extrapolate: {args.extrapolate:g} must be a factor >= 1 (1 = stay inside the sweep)")
-    extra = {}
-    if args.extrapolate != 1.0:  # Settings gains `extrapolate` with the new allocation
-        if "extrapolate" not in {f.name for f in dataclasses.fields(Settings)}:
-            raise UsageError("--extrapolate: this version of the analysis cannot extrapolate yet; leave it at 1")
-        extra["extrapolate"] = args.extrapolate
     settings = Settings(thresholds=args.thresholds, n_thresholds=args.n_thresholds, spacing=args.spacing,
                         normalize=args.normalize, interpolation=args.interpolation, n_bootstrap=args.bootstrap,
                         level=args.level, loss=args.loss, huber_delta=args.huber_delta,
                         share_exponents=args.share_exponents, delta=args.delta, batch_model=args.batch_model,
-                        seed=args.seed, **extra)
+                        seed=args.seed, extrapolate=args.extrapolate, weights=args.weights,
+                        interp_error=args.interp_error, select=args.select)
     say = (lambda m: None) if args.quiet else (lambda m: print(f"[scaling-rl fit] {m}", file=sys.stderr, flush=True))
     try:
         settings.validate()
