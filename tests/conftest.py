@@ -8,3 +8,97 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _cache = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_cache))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+# --- CI: no test may vanish behind a skip ----------------------------------------------------------
+# When $SCALING_RL_EXPECTED_SKIPS names an allowlist (.ci/run sets tests/expected_skips.txt), the
+# session fails if a test skips that the list does not name (an `importorskip` whose dependency went
+# missing hides a whole module), or a listed test runs instead of skipping (the list is stale), or,
+# in a whole-suite run, a listed pattern matches no test at all. One pattern per line: a node id
+# (fnmatch wildcards allowed; a module path covers a module-level skip), then `# why`. Unset (every
+# dev machine, `make test` without Slurm), nothing is checked.
+import fnmatch  # noqa: E402
+
+import pytest  # noqa: E402
+
+EXPECTED_SKIPS_ENV = "SCALING_RL_EXPECTED_SKIPS"
+_skip_check: dict | None = None
+
+
+def _allowlist(path: pathlib.Path) -> list[str]:
+    patterns = []
+    for line in path.read_text().splitlines():
+        pattern = line.split("#", 1)[0].strip()
+        if pattern:
+            patterns.append(pattern)
+    return patterns
+
+
+def pytest_configure(config):
+    global _skip_check
+    name = os.environ.get(EXPECTED_SKIPS_ENV)
+    if not name:
+        return
+    path = pathlib.Path(name)
+    path = path if path.is_absolute() else pathlib.Path(config.rootpath) / path
+    if not path.is_file():
+        raise pytest.UsageError(f"{EXPECTED_SKIPS_ENV}: {path} is not a file; point it at the allowlist "
+                                "(tests/expected_skips.txt) or unset it")
+    _skip_check = {"path": path, "patterns": _allowlist(path), "skipped": {}, "ran": set(), "seen": set()}
+
+
+def _matches(nodeid: str, patterns: list[str]) -> list[str]:
+    return [p for p in patterns if fnmatch.fnmatchcase(nodeid, p)]
+
+
+def _record(report) -> None:
+    if _skip_check is None:
+        return
+    _skip_check["seen"].update(_matches(report.nodeid, _skip_check["patterns"]))
+    if report.skipped and not hasattr(report, "wasxfail"):   # an xfail is not a skip
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skip_check["skipped"][report.nodeid] = reason
+    elif getattr(report, "when", None) == "call":
+        _skip_check["ran"].add(report.nodeid)
+
+
+def pytest_collectreport(report):
+    _record(report)
+
+
+def pytest_runtest_logreport(report):
+    _record(report)
+
+
+def _whole_suite(config) -> bool:
+    tests_dir = pathlib.Path(__file__).resolve().parent
+    return (not config.option.keyword and not config.option.markexpr and not config.option.deselect
+            and all(pathlib.Path(a).resolve() == tests_dir for a in config.args))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _skip_check is None:
+        return
+    patterns = _skip_check["patterns"]
+    problems = [f"unexpected skip: {nodeid} ({reason})" for nodeid, reason in
+                sorted(_skip_check["skipped"].items()) if not _matches(nodeid, patterns)]
+    problems += [f"listed as skipping but ran: {nodeid}" for nodeid in sorted(_skip_check["ran"])
+                 if _matches(nodeid, patterns)]
+    if _whole_suite(session.config):
+        problems += [f"listed but matches no test: {p}" for p in patterns if p not in _skip_check["seen"]]
+    _skip_check["problems"] = problems
+    if problems and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _skip_check is None:
+        return
+    problems = _skip_check.get("problems", [])
+    expected = len(_skip_check["skipped"]) - sum(p.startswith("unexpected skip") for p in problems)
+    terminalreporter.write_sep("=", f"skip check ({_skip_check['path'].name}): {expected} expected, "
+                                    f"{len(problems)} problem(s)", red=bool(problems), green=not problems)
+    for p in problems:
+        terminalreporter.write_line(p)
+    if problems:
+        terminalreporter.write_line(f"update {_skip_check['path']} only for a skip CI really cannot avoid")
