@@ -65,7 +65,17 @@ def run_variant(name: str, eta: int | None, out: Path, base: Path, task: str, st
     df = run(cfg, out / f"{label}_s{seed}")
     df = df.assign(variant=label, eta=cfg.get("max_staleness", 0) if name != "sync" else 0,
                    seed=seed, run_wall_s=time.perf_counter() - t0)
-    df["wall_s"] = df["step_s"].fillna(0).cumsum()
+    return add_clocks(df)
+
+
+def add_clocks(df):
+    """wall_s: GRPO steps' time so far without the one-off worker start-up (the first step's
+    wait for its first groups, `startup_s`); samples: completions sampled so far."""
+    df = df.copy()
+    wait = df["source/wait_s"] if "source/wait_s" in df else df["step_s"] * 0
+    startup = float(wait[df["step"] == 1].fillna(0).sum())
+    df["startup_s"] = startup
+    df["wall_s"] = df["step_s"].fillna(0).cumsum() - startup * (df["step"] >= 1)
     df["samples"] = df["rollouts"].fillna(0)
     return df
 
@@ -83,6 +93,7 @@ def summarise(df):
             "pass@1 end": float(last["eval/pass@1"].mean()),
             "greedy end": float(last["eval/accuracy"].mean()),
             "wall s": float(g.groupby("seed")["wall_s"].max().mean()),
+            "worker start s": float(g["startup_s"].mean()),
             "completions/s": float(last["samples"].mean() / g.groupby("seed")["wall_s"].max().mean()),
             "staleness mean": float(g["staleness_mean"].mean()),
             "staleness max": float(g["staleness_max"].max()),
