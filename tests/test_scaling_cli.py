@@ -109,7 +109,7 @@ def test_fit_writes_report_and_json_with_honest_intervals(fitted):
     assert fit["model_selection"]["task"]["chosen"] == "data_efficiency_sigma_n"
     report = (fitted / "report.md").read_text()
     for section in ("## Data efficiency D_J(σ, N)", "## Compute-optimal allocation", "## Held-out extrapolation",
-                    "B*(σ) = A_task·σ^s", "## Model selection", "replicates ok everywhere: "):
+                    "B*(σ) = A_task·σ^s", "## Model selection", "D_J(σ,N)/task 30/30"):
         assert section in report
     assert "nan" not in report.lower().replace("nan-", "")
     assert not list(fitted.glob("*.png"))

@@ -66,7 +66,7 @@ def test_every_interval_in_the_report_contains_its_estimate(with_n, without_n):
     assert check_honest(with_n) > 20
     assert check_honest(without_n) > 10
     text = report.render_report(with_n)
-    assert "replicates ok everywhere: " in text and f"/{with_n['bootstrap']['n']}" in text
+    assert f"D_J(σ,N)/task {with_n['bootstrap']['n_ok_by_scope']['D_J(σ,N)/task']}/40" in text
 
 
 # ---- model selection and identifiability ------------------------------------------------------------

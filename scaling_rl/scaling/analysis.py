@@ -80,14 +80,19 @@ class Replicates:
     """The K bootstrap replicates (and S leave-one-seed-out jackknife rows) of one analysis.
 
     Replicate b is one resample of seeds, used by every fit, threshold, task, allocation and budget
-    law; `ok` is False for a replicate that failed in any fit (dropped everywhere, counted per fit in
-    `failures`). Intervals are computed once every fit has registered. Deviations from the estimate
+    law. Failures are tracked per *scope* — a chain of quantities that are combined with each other
+    (the D_J(σ, N) fits of a task at every threshold + its allocation + its budget laws; one model
+    size's D_J(σ) fits; the B*/η* laws): a replicate that fails anywhere in a scope is dropped from
+    every quantity of that scope, so no derived quantity mixes resamples, and counted per fit in
+    `failures`. Scopes never feed each other, and dropping a replicate from one because an unrelated
+    side fit failed would select resamples on an event correlated with the data (biasing it), so they
+    are kept apart. Intervals are computed once every fit has registered. Deviations from the estimate
     are scaled by `fitting.seed_inflation` with the seed degrees of freedom behind each quantity."""
 
     def __init__(self, K: int, S: int, n_seeds: int, level: float, reason: str | None = None, dof: float = 0):
         self.K, self.S, self.n_seeds, self.level, self.reason = K, S, n_seeds, level, reason
         self.mode = "seed" if K else "none"
-        self.ok = np.ones(K, bool)
+        self.scopes: dict[str, np.ndarray] = {}
         self.failures: dict[str, int] = {}
         self.dof = dof
         self.inflation = fitting.seed_inflation(n_seeds, dof, level)   # for derived quantities
@@ -95,19 +100,24 @@ class Replicates:
     def inflation_for(self, dof: float) -> float:
         return fitting.seed_inflation(self.n_seeds, dof, self.level)
 
-    def register(self, name: str, ok_own: np.ndarray) -> None:
+    def ok(self, scope: str) -> np.ndarray:
+        return self.scopes.get(scope, np.ones(self.K, bool))
+
+    def register(self, name: str, ok_own: np.ndarray, scope: str) -> None:
         ok_own = np.asarray(ok_own, bool)
         self.failures[name] = int((~ok_own).sum())
-        self.ok &= ok_own
+        self.scopes[scope] = self.ok(scope) & ok_own
 
     def interval(self, est: float, reps: np.ndarray, jack: np.ndarray | None = None, log: bool = True,
-                 reason: str | None = None) -> dict:
-        reps = np.where(self.ok, np.asarray(reps, float), np.nan) if self.K else np.zeros(0)
+                 reason: str | None = None, scope: str = "") -> dict:
+        reps = np.where(self.ok(scope), np.asarray(reps, float), np.nan) if self.K else np.zeros(0)
         return fitting.interval(est, reps, jack, level=self.level, inflation=self.inflation, log=log,
                                 n_total=self.K, reason=reason or self.reason)
 
     def summary(self) -> dict:
-        return {"mode": self.mode, "n": self.K, "n_ok": int(self.ok.sum()), "jackknife_rows": self.S,
+        return {"mode": self.mode, "n": self.K, "jackknife_rows": self.S,
+                "n_ok": int(min((m.sum() for m in self.scopes.values()), default=self.K)),
+                "n_ok_by_scope": {k: int(m.sum()) for k, m in self.scopes.items()},
                 "n_seeds": self.n_seeds, "dof_derived": self.dof, "inflation_derived": self.inflation,
                 "failures": {k: v for k, v in self.failures.items() if v}, "reason": self.reason}
 
@@ -124,6 +134,7 @@ class Fitted:
     not_identified: list
     weights: np.ndarray
     inflation: float = float("nan")
+    scope: str = ""
     extra: dict = dataclasses.field(default_factory=dict)
 
     def columns(self, group: str | None) -> list[int]:
@@ -147,7 +158,7 @@ class Fitted:
 
     def intervals(self) -> dict:
         reps = self.reps
-        U = np.where(reps.ok[:, None], self.U, np.nan) if len(self.U) else self.U
+        U = np.where(reps.ok(self.scope)[:, None], self.U, np.nan) if len(self.U) else self.U
         return fitting.bootstrap_intervals(self.problem, self.fit.u, U, reps.level, self.inflation,
                                            self.Uj if len(self.Uj) else None, self.not_identified, reps.reason)
 
@@ -167,7 +178,8 @@ class Fitted:
                 "aicc": fitting.aicc(rss, n_all, p.n_params),
                 "objective": self.fit.objective, "n_points": int(m.sum()), "n_params": p.n_params,
                 "shared": sorted(p.shared) if len(p.group_names) > 1 else [],
-                "n_bootstrap": self.reps.K, "n_bootstrap_ok": int(np.sum(self.reps.ok & np.all(np.isfinite(self.U), axis=1)))
+                "n_bootstrap": self.reps.K, "bootstrap_scope": self.scope,
+                "n_bootstrap_ok": int(np.sum(self.reps.ok(self.scope) & np.all(np.isfinite(self.U), axis=1)))
                 if len(self.U) else 0, "n_bootstrap_failed_here": int(np.sum(~np.all(np.isfinite(self.U), axis=1)))
                 if len(self.U) else 0,
                 "weighted": bool(np.ptp(self.weights[self.weights > 0]) > 0) if n_all else False,
@@ -180,7 +192,7 @@ class Fitted:
 
 def fit_with_bootstrap(law: laws.Law, x: dict, y: np.ndarray, Y: np.ndarray | None, settings: Settings,
                        reps: Replicates, name: str, groups=None, shared=(), Yj: np.ndarray | None = None,
-                       weights: np.ndarray | None = None) -> Fitted:
+                       weights: np.ndarray | None = None, scope: str | None = None) -> Fitted:
     """Point fit on y (natural units, > 0) and the same estimator on every replicate row of Y (K, n)
     (NaN/inf = missing) and jackknife row of Yj. ValueError if the point fit is impossible."""
     ly = np.log(y)
@@ -196,7 +208,7 @@ def fit_with_bootstrap(law: laws.Law, x: dict, y: np.ndarray, Y: np.ndarray | No
         W = np.where(np.isfinite(LY), w[None], 0.0)
         bf = fitting.fit_many(prob, LY, W, warm=f.u, **kw)
         U = np.where(bf.ok[:, None], bf.U, np.nan)
-        reps.register(name, bf.ok)
+        reps.register(name, bf.ok, scope or name)
         if Yj is not None and len(Yj):
             with np.errstate(divide="ignore", invalid="ignore"):
                 LJ = np.log(Yj)
@@ -205,13 +217,13 @@ def fit_with_bootstrap(law: laws.Law, x: dict, y: np.ndarray, Y: np.ndarray | No
     ni = fitting.identifiability(prob, f.u, ly, w, loss=settings.loss, huber_delta=settings.huber_delta,
                                  level=settings.level)
     infl = reps.inflation_for(len(ly) * max(reps.n_seeds - 1, 0))
-    return Fitted(prob, f, U, Uj, reps, ni, w, infl)
+    return Fitted(prob, f, U, Uj, reps, ni, w, infl, scope or name)
 
 
 def _band(fitted: Fitted, x: dict, group: str | None) -> dict:
     gi = None if group is None else np.full(len(next(iter(x.values()))), fitted.problem.group_names.index(group))
     reps = fitted.reps
-    U = np.where(reps.ok[:, None], fitted.U, np.nan) if len(fitted.U) else fitted.U
+    U = np.where(reps.ok(fitted.scope)[:, None], fitted.U, np.nan) if len(fitted.U) else fitted.U
     est, lo, hi = fitting.prediction_band(fitted.problem, fitted.fit.u, U, x, gi, reps.level, fitted.inflation,
                                           fitted.Uj if len(fitted.Uj) else None, reps.reason)
     return {**{k: np.asarray(v).tolist() for k, v in x.items()}, "estimate": est.tolist(), "lo": lo.tolist(),
@@ -270,10 +282,11 @@ def _analyze(cs: CurveSet, st: Settings, say) -> dict:
         fn()
     out["points"] = _point_rows(de, table, reps)
     out["bootstrap"] = reps.summary()
-    if reps.K and (reps.K - reps.ok.sum()) > fitting.MAX_FAIL * reps.K:
-        notes.append(f"{reps.K - int(reps.ok.sum())} of {reps.K} bootstrap replicates failed in at least one fit "
-                     f"(more than {fitting.MAX_FAIL:.0%}): no bootstrap intervals; failures by fit: "
-                     + ", ".join(f"{k} {v}" for k, v in reps.failures.items() if v))
+    for scope, m in reps.scopes.items():
+        if reps.K and (reps.K - m.sum()) > fitting.MAX_FAIL * reps.K:
+            notes.append(f"{scope}: {reps.K - int(m.sum())} of {reps.K} bootstrap replicates failed in at least one of "
+                         f"its fits (more than {fitting.MAX_FAIL:.0%}): no intervals there; failures by fit: "
+                         + ", ".join(f"{k} {v}" for k, v in reps.failures.items() if v and k.startswith(scope)))
     return out
 
 
@@ -361,7 +374,7 @@ def _hparams(de: DataEfficiency, st: Settings, reps: Replicates, finalize: list)
             rec = {"field": field, "task": g["task"][gi], "utd": float(g["utd"][gi]),
                    "param_count": _f(g["param_count"][gi])}
             res["points"].append(_later(finalize, rec, lambda gi=gi, point=point, samples=samples: reps.interval(
-                float(point[gi]), samples[:, gi], None,
+                float(point[gi]), samples[:, gi], None, scope="hparams",
                 reason=None if reps.n_seeds >= fitting.MIN_SEEDS else f"fewer than {fitting.MIN_SEEDS} seeds: no "
                                                                        "interval for a single point")))
         ok = np.isfinite(point)
@@ -374,7 +387,8 @@ def _hparams(de: DataEfficiency, st: Settings, reps: Replicates, finalize: list)
         x = {"utd": g["utd"].to_numpy(float)[ok]}
         try:
             fitted = fit_with_bootstrap(law, x, point[ok], samples[:, ok], st,
-                                        reps, law_name, groups=g["task"].to_numpy()[ok], shared=("s",))
+                                        reps, law_name, groups=g["task"].to_numpy()[ok], shared=("s",),
+                                        scope="hparams")
         except ValueError as e:
             res[law_name] = {"skipped": str(e)}
             continue
@@ -396,7 +410,7 @@ def _hparams(de: DataEfficiency, st: Settings, reps: Replicates, finalize: list)
                 try:
                     fn = fit_with_bootstrap(laws.BATCH_SIZE_SIGMA_N, xn, point[m],
                                             samples[:, m], st, reps,
-                                            f"batch_size_sigma_n/{t}")
+                                            f"batch_size_sigma_n/{t}", scope="hparams")
                 except ValueError as e:
                     res["batch_size_sigma_n"][t] = {"skipped": str(e)}
                     continue
@@ -483,9 +497,10 @@ def _fit_de_sigma(de: DataEfficiency, st: Settings, reps: Replicates, tasks: lis
                 grp = tk if len(ts) > 1 else None
                 w = _weights(de, st, reps, idx, j)
                 try:
+                    scope = f"D_J(σ)/{'+'.join(ts)}/N={n:g}"
                     fitted = fit_with_bootstrap(laws.DATA_EFFICIENCY_SIGMA, {"utd": x["utd"]}, y, Y, st, reps,
-                                                f"D_J(σ)/{n:g}/J{j}/{'+'.join(ts)}", groups=grp, shared=("alpha",),
-                                                Yj=Yj, weights=w)
+                                                f"{scope}/J{j}", groups=grp, shared=("alpha",), Yj=Yj, weights=w,
+                                                scope=scope)
                 except ValueError as e:
                     for t in ts:
                         recs.append({**meta, "task": t, "threshold": float(de.thresholds[t][j]), "skipped": str(e)})
@@ -611,10 +626,11 @@ def _fit_de_sigma_n(de: DataEfficiency, st: Settings, reps: Replicates, tasks: l
                 continue
             w = _weights(de, st, reps, idx, j)
             try:
-                fitted = fit_with_bootstrap(law, x, y, Y, st, reps, f"D_J(σ,N)/J{j}/{'+'.join(ts)}",
+                scope = f"D_J(σ,N)/{'+'.join(ts)}"
+                fitted = fit_with_bootstrap(law, x, y, Y, st, reps, f"{scope}/J{j}",
                                             groups=tk if len(ts) > 1 else None,
                                             shared=tuple(p for p in ("alpha", "beta") if p in law.params), Yj=Yj,
-                                            weights=w)
+                                            weights=w, scope=scope)
             except ValueError as e:
                 for t in ts:
                     recs.append({"task": t, "j_index": j, "threshold": float(de.thresholds[t][j]), "skipped": str(e)})
@@ -755,7 +771,9 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
                     samples.append(None)
             ok = np.array([s_ is not None for s_ in samples], bool)
             if len(samples):
-                reps.register(f"allocation/{t}/J{j}", ok | ~np.all(np.isfinite(fitted.U), axis=1))
+                reps.register(f"{fitted.scope}/allocation/J{j}", ok | ~np.all(np.isfinite(fitted.U), axis=1),
+                              fitted.scope)
+            row["scope"] = fitted.scope
             row["_samples"] = samples
             row["sigma_only"] = row["N_only"] = None
             rows.append(row)
@@ -840,7 +858,7 @@ def _optimum_intervals(row: dict, reps: Replicates) -> dict:
             if n_edge > fitting.MAX_FAIL * len(samples):
                 reason = (f"in {n_edge} of {len(samples)} replicates the optimum sits on the search box's edge: "
                           "the interval would be set by the box, not the data")
-        res[k] = reps.interval(row[k], vals, None, reason=reason)
+        res[k] = reps.interval(row[k], vals, None, reason=reason, scope=row["scope"])
     return res
 
 
@@ -883,9 +901,10 @@ def _budget_laws(t: str, rows: list[dict], reps: Replicates, st: Settings, final
                f"{fitting.MAX_FAIL:.0%}): the budget law is not determined inside the sweep"
                if n_edge > fitting.MAX_FAIL * reps.K else None)
         rec["n_replicates_on_edge"] = n_edge
-        out.append(_later(finalize, rec, lambda c=c, s_=s_, rc=reps_c, rs=reps_s, why=why: {"params": {
-            "A": reps.interval(math.exp(c), np.exp(rc), reason=why), "s": reps.interval(s_, rs, log=False,
-                                                                                        reason=why)}}))
+        sc = interior[0]["scope"]
+        out.append(_later(finalize, rec, lambda c=c, s_=s_, rc=reps_c, rs=reps_s, why=why, sc=sc: {"params": {
+            "A": reps.interval(math.exp(c), np.exp(rc), reason=why, scope=sc),
+            "s": reps.interval(s_, rs, log=False, reason=why, scope=sc)}, "bootstrap_scope": sc}))
     return out
 
 

@@ -143,8 +143,10 @@ def render_report(fit: dict, figures: list[str] | None = None) -> str:
     L = [f"# Scaling-law fit: `{fit['metric']}`", "",
          f"Source: `{fit['source']}`  ", f"Tasks: {', '.join(fit['tasks'])}  ",
          "Levels: " + "; ".join(f"{k} = {', '.join(_g(v) for v in vs)}" for k, vs in fit["levels"].items() if vs) + "  ",
-         f"Intervals: {lvl}% — {mode}; replicates ok everywhere: {bs.get('n_ok', 0)}/{bs.get('n', 0)} "
-         f"(a replicate that fails in any fit is dropped from every quantity); percentile intervals where the "
+         f"Intervals: {lvl}% — {mode}, {bs.get('n', 0)} resamples; replicates ok: "
+         + (", ".join(f"{k} {v}/{bs.get('n', 0)}" for k, v in (bs.get("n_ok_by_scope") or {}).items()) or "–")
+         + " (a replicate that fails in any fit of a chain of combined quantities is dropped from all of them); "
+         f"percentile intervals where the "
          f"replicates are centred on the estimate, BCa (marked ᵇ) where not; min {st['min_seeds']} seeds per "
          f"configuration; loss = {st['loss']}"
          + (f" (Huber δ = {st['huber_delta']} in log units)" if st["loss"] == "huber" else "")
