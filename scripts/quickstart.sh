@@ -12,9 +12,9 @@ OUT=${OUT:-runs/quickstart}
 PROGRESS_S=${PROGRESS_S:-15}
 
 # Polls the store (trial_status.json, and train.run's status.json for the chunk of each running
-# trial): no TTY needed, no JAX imported, a few small files read per poll.
-watch_sweep() {
-  "$BIN/python" - "$1" "$PROGRESS_S" <<'PY'
+# trial): no TTY needed, no JAX imported, a few small files read per poll. It runs in the
+# background (its pid is $WATCH: the python process itself, so `kill` stops it).
+WATCHER=$(cat <<'PY'
 import json, sys, time
 from pathlib import Path
 
@@ -50,8 +50,10 @@ while True:
         run_dir = root / "packs" / st["packed_in"] if st.get("packed_in") else store.trial_dir(tid)
         prog = read(run_dir / "status.json")
         where = (f"chunk {prog['chunk']}/{prog['num_chunks']}" if prog.get("status") == "running"
-                 and prog.get("chunk") else "starting")
+                 and prog.get("chunk") else "compiling")
         running.append(" ".join(f"{k}={v}" for k, v in axes.items()) + f" ({where})")
+    if not running and done == 0:  # trials still being written or claimed
+        continue
     m, sec = divmod(int(time.time() - t0), 60)
     bad = "".join(f" {k}={c[k]}" for k in ("diverged", "failed", "interrupted") if c.get(k))
     print(f"[{m:2d}m{sec:02d}s] sweep: {c['done']}/{s['total']} done{bad} · eta "
@@ -59,9 +61,9 @@ while True:
           flush=True)
     last_line, last_done = time.time(), done
 PY
-}
+)
 
-watch_sweep "$OUT/sweep" &
+"$BIN/python" -c "$WATCHER" "$OUT/sweep" "$PROGRESS_S" &
 WATCH=$!
 trap 'kill "$WATCH" 2>/dev/null || true' EXIT
 $BIN/scaling-rl sweep run sweeps/quickstart.yaml --out "$OUT/sweep" --no-progress
