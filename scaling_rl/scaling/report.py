@@ -256,14 +256,18 @@ def render_report(fit: dict, figures: list[str] | None = None) -> str:
               "the factor is the extra budget needed. An optimum on the edge of the searched box is not an "
               "optimum: the sweep must be extended in that direction.", ""]
     if al.get("power_laws"):
-        L += ["### Budget scaling across thresholds", "", "| task | law | A | s | R² (log) | F range |",
-              "|---|---|---|---|---|---|"]
+        L += ["### Budget scaling across thresholds", "",
+              "y* = y_ref·(F/F_ref)^s, F_ref = geometric mean of the fitted optima's budgets (A = y at F = 1 FLOP "
+              "is in fit.json). Valid over the F range of the optima only.", "",
+              "| task | law | y at F_ref | s | R² (log) | F range |", "|---|---|---|---|---|---|"]
         for p in al["power_laws"]:
             if "skipped" in p:
                 L.append(f"| {p['task']} | {p['formula']} | skipped: {p['skipped']} | | | |")
             else:
-                L.append(f"| {p['task']} | {p['formula']} | {_ci(p['params']['A'])} | {_ci(p['params']['s'])} | "
-                         f"{_g(p['r2_log'], 4)} | {_g(p['F_range'][0])}–{_g(p['F_range'][1])} |")
+                ref = p.get("at_F_ref") or {}
+                L.append(f"| {p['task']} | {p['formula']} | {_ci(ref) if ref else '–'} (F_ref {_g(ref.get('F_ref'))}) | "
+                         f"{_ci(p['params']['s'])} | {_g(p['r2_log'], 4)} | "
+                         f"{_g(p['F_range'][0])}–{_g(p['F_range'][1])} (×{_g(p['F_range'][1] / p['F_range'][0])}) |")
         L.append("")
     if figures:
         L += ["## Figures", ""] + [f"![{Path(f).stem}]({Path(f).name})" for f in figures if f.endswith(".png")]
