@@ -116,7 +116,8 @@ def peak_bytes(compiled) -> int:
 
 
 def concrete_inputs(agent, cfg):
-    learner = jax.jit(agent.init)(jax.random.PRNGKey(0)).learner
+    # eagerly: a jitted init of the unrolled networks is itself a program that grows with depth
+    learner = agent.init(jax.random.PRNGKey(0)).learner
     (s, g, a), b = dims(cfg), cfg.batch_size
     k = jax.random.split(jax.random.PRNGKey(1), 3)
     batch = {"state": jax.random.normal(k[0], (b, s)),
