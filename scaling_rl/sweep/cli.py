@@ -17,10 +17,14 @@ def _cmd_run(args) -> int:
 
     if args.workers is not None and args.workers < 0:
         raise _usage(f"--workers: must be >= 0, got {args.workers}")
+    from scaling_rl.sweep import memory
     try:
         spec = load_spec(args.spec, out_dir=args.out)
+        memory.check_spec(spec, args.backend)  # a trial that cannot fit: refuse before any write
     except SpecError as e:
         raise _usage(str(e)) from None
+    except ValueError as e:  # e.g. an unreadable $SCALING_RL_MEMORY_BUDGET
+        raise _usage(" ".join(str(e).split())) from None
     if args.dry_run:
         from rich.console import Console
         from rich.table import Table
@@ -115,7 +119,8 @@ def register(subparsers) -> None:
     r.add_argument("--backend", choices=("local", "slurm", "ray"), default=None,
                    help="where trials run (default: the spec's backend.name, else local)")
     r.add_argument("--workers", type=int, default=None,
-                   help="local worker processes / slurm array parallelism (0: run inline)")
+                   help="local worker processes (0: run the trials one by one in this process, "
+                        "no pool) / slurm array parallelism (0: all trials)")
     r.add_argument("--dry-run", action="store_true", help="validate and list the trials; write nothing")
     r.add_argument("--out", default=None, help="store directory (overrides the spec's out_dir)")
     r.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local one)")

@@ -12,6 +12,11 @@ A spec is plain YAML::
     zip:  {lr: [1e-3, 3e-4], batch_size: [64, 256]}      # zipped (equal lengths); a list of such
                                                          # mappings gives several zipped groups
     backend: {name: local, workers: 2, slurm: {...}, ray: {...}}
+                                     # workers (local): trials run at once, each in its own
+                                     # process; 0 is not "automatic": it runs the trials one at a
+                                     # time inside the `sweep run` process itself (no pool; for
+                                     # debugging). Default 1. slurm/ray size themselves (slurm:
+                                     # array_parallelism or --workers).
     wandb: false                     # or {project: ..., mode: offline|online}
     pack: false                      # trials differing only in seed / packable hyper-parameters
                                      # (the agent's PACKABLE: lr, ...) run as one vmapped program
@@ -19,7 +24,9 @@ A spec is plain YAML::
 
 Axes may name any field of the agent's `Config`, plus `seed` (the first seed of a trial, so
 `grid: {seed: [0, 1, 2]}` gives three trials of `seeds` seeds each). Every resolved trial is
-validated through `Config.from_dict` before anything is written.
+validated through `Config.from_dict` before anything is written; so are `out_dir` (not a file, nor
+under one) and, in `scaling-rl sweep run`, each trial's memory (`sweep.memory`). A key given twice
+in one YAML mapping is an error (plain `yaml.safe_load` would keep the last silently).
 """
 from __future__ import annotations
 
@@ -103,15 +110,52 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A YAML mapping names the same key twice."""
+
+    def __init__(self, key: Any, first_line: int, mark):
+        super().__init__(None, None, f"duplicate key {key!r} (first on line {first_line})", mark)
+        self.key, self.first_line = key, first_line
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` (same tags, same types) that refuses a mapping with a key given twice,
+    where PyYAML keeps the last value silently. Keys merged in with `<<: *anchor` may still be
+    overridden, as YAML intends; only a mapping's own keys must be unique."""
+
+    def flatten_mapping(self, node):
+        # SafeConstructor.construct_mapping flattens every mapping (and, in place, its merge
+        # sources) before building it: check each node's own keys once, before that happens
+        checked = self.__dict__.setdefault("_unique_checked", set())
+        if id(node) not in checked:
+            checked.add(id(node))
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise DuplicateKeyError(key, seen[key], key_node.start_mark)
+                    seen[key] = key_node.start_mark.line + 1
+                except TypeError:   # unhashable: construct_mapping reports it
+                    continue
+        super().flatten_mapping(node)
+
+
 def load_yaml(path: str | os.PathLike) -> dict:
-    """`yaml.safe_load` a spec file; any YAML problem (incl. `!!python/...` tags) -> SpecError."""
+    """`yaml.safe_load` a spec file (with `UniqueKeyLoader`); any YAML problem (incl. `!!python/...`
+    tags, a duplicated key) -> SpecError."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as e:
         raise SpecError(f"{path}: cannot read spec ({e.strerror or e})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except DuplicateKeyError as e:
+        raise SpecError(f"{path}: line {e.problem_mark.line + 1}: {e.problem}; give each key once "
+                        "(YAML would keep only the last)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -239,6 +283,18 @@ def _int(where: str, v: Any, lo: int) -> int:
     return v
 
 
+def _check_dir_path(where: str, path: Path) -> None:
+    """A directory the sweep will create or fill: it may not be, nor lie under, an existing file
+    (read only; nothing is created)."""
+    p = path
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        what = "is a file" if p == path else f"lies under {p}, which is a file"
+        raise SpecError(f"{where}: {path} {what}, not a directory; give a directory path "
+                        "(created if absent)")
+
+
 def parse_spec(data: dict, *, source: str = "spec", base_dir: str | os.PathLike | None = None) -> Spec:
     """Validate a loaded spec mapping and resolve every trial (nothing is written)."""
     for k in data:
@@ -328,11 +384,14 @@ def parse_spec(data: dict, *, source: str = "spec", base_dir: str | os.PathLike 
     out_dir = Path(out)
     if not out_dir.is_absolute() and base_dir is not None:
         out_dir = Path(base_dir) / out_dir
+    _check_dir_path("out_dir", out_dir)
     cache = data.get("compile_cache", True)
     if cache is True:
         cache = str(out_dir / ".jax_cache")
     elif cache is not False and not isinstance(cache, str):
         raise SpecError(f"compile_cache: expected true, false or a directory, got {cache!r}")
+    elif isinstance(cache, str):
+        _check_dir_path("compile_cache", Path(cache))
     return Spec(name=name, agent=agent, out_dir=out_dir, trials=tuple(trials), backend=backend,
                 wandb=wandb, pack=pack, checkpoint_every=ckpt, compile_cache=cache, raw=data)
 
