@@ -237,8 +237,8 @@ def estimand():
 def test_90_percent_intervals_cover_85_to_95_percent(estimand, seeds):
     """Coverage of the 90% intervals of the 5 law parameters over COVERAGE_REPS independent synthetic
     studies (pooled: 200 (study, parameter) cases, binomial sd ≈ 2.1% at a true 90%; deterministic
-    seeds). Measured while building this: 3 seeds 0.917, 5 seeds 0.88 (60 studies each); before the
-    variance-function weights, raw per-point WLS weights gave 0.747 at 5 seeds."""
+    seeds). This test's own numbers: 3 seeds 0.905, 5 seeds 0.900, 10 seeds 0.885; before the
+    variance-function weights, raw per-point WLS weights gave 0.747 at 5 seeds (60 studies)."""
     cover = []
     for r in range(COVERAGE_REPS):
         iv = _coverage_fit(seeds, 1000 + r, 60).intervals()

@@ -859,6 +859,11 @@ def _optimum_intervals(row: dict, reps: Replicates) -> dict:
                 reason = (f"in {n_edge} of {len(samples)} replicates the optimum sits on the search box's edge: "
                           "the interval would be set by the box, not the data")
         res[k] = reps.interval(row[k], vals, None, reason=reason, scope=row["scope"])
+        if k in ("sigma", "N") and res[k]["lo"] is not None:  # the optimum was only searched inside the box
+            lo_b, hi_b = row["box"][k]
+            if res[k]["hi"] > hi_b or res[k]["lo"] < lo_b:
+                res[k]["clipped_to_box"] = True
+                res[k]["lo"], res[k]["hi"] = max(res[k]["lo"], lo_b), min(res[k]["hi"], hi_b)
     return res
 
 

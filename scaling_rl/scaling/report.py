@@ -70,7 +70,8 @@ def _ci(p: dict) -> str:
     if p.get("lo") is None or p.get("hi") is None:
         why = p.get("reason")
         return f"{_g(p['estimate'], 4)} (no interval{': ' + why if why else ''})"
-    mark = "ᵇ" if p.get("method") == "BCa" else ""
+    mark = ("ᵇ" if p.get("method") == "BCa" else "") + (" (interval cut at the searched box)" if p.get("clipped_to_box")
+                                                         else "")
     return f"{_g(p['estimate'], 4)} [{_g(p['lo'])}, {_g(p['hi'])}]{mark}"
 
 
