@@ -135,7 +135,6 @@ class Fitted:
     weights: np.ndarray
     inflation: float = float("nan")
     scope: str = ""
-    extra: dict = dataclasses.field(default_factory=dict)
 
     def columns(self, group: str | None) -> list[int]:
         p = self.problem
@@ -187,7 +186,7 @@ class Fitted:
                 "not_identified": {p.labels[j]: r for j, r in enumerate(self.not_identified) if r and m.any()
                                    and (group is None or p.group_of[j] in (None, group))},
                 "at_bound": [p.labels[j] for j, r in enumerate(self.not_identified) if r == "on the optimiser's bound"],
-                **self.extra, **extra}
+                **extra}
 
 
 def fit_with_bootstrap(law: laws.Law, x: dict, y: np.ndarray, Y: np.ndarray | None, settings: Settings,
@@ -538,8 +537,7 @@ def _fit_de_sigma(de: DataEfficiency, st: Settings, reps: Replicates, tasks: lis
     return recs, handles
 
 
-TERMS = {"data_efficiency_sigma_n": ("utd", "param_count"), "data_efficiency_sigma_only": ("utd",),
-         "data_efficiency_n_only": ("param_count",), "data_efficiency_constant": ()}
+TERMS = {law.name: terms for law, terms in laws.DATA_EFFICIENCY_FAMILY}   # which inputs each nested law uses
 
 
 def _select_de_law(de: DataEfficiency, st: Settings, reps: Replicates, t: str) -> dict:

@@ -55,6 +55,8 @@ def run_sweep(spec: Spec, *, backend: str | None = None, workers: int | None = N
     frac = spec.backend.get("gpu_mem_fraction")
     if frac is None and backend == "local" and workers > 1:
         frac = round(0.95 / workers, 3)   # several trials share a GPU: split its memory
+    from scaling_rl.sweep import memory
+    memory.check_spec(spec, backend)   # a trial that cannot fit: refuse before anything is written
     prepare(spec, retry_diverged=retry_diverged)
     opts = RunOptions(root=str(spec.out_dir), trial_ids=tuple(t.id for t in spec.trials),
                       sweep_name=spec.name, wandb=spec.wandb, checkpoint_every=spec.checkpoint_every,
