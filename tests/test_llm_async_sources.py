@@ -62,13 +62,15 @@ def test_areal_async_learns_within_the_staleness_bound(sft_base):
     assert df["rollouts"].iloc[-1] == STEPS * P * G
 
 
-def test_pipeline_inflight_learns_with_mixed_version_completions(sft_base):
+def test_pipeline_inflight_learns_within_the_staleness_bound(sft_base):
+    # whether a completion spans two versions here depends on timing (an update has to land
+    # mid-sequence); test_llm_async.py checks in-flight updates deterministically
     base, start = sft_base
     df, log, consumed = _train(_rl(base, rollout="pipeline", objective="tis", max_staleness=2,
                                    is_cap=2.0))
     _check_bound(log, consumed, 2)
     mixed = np.concatenate([e["newest"] != e["oldest"] for e in log])
-    assert mixed.any()                               # some completions span several versions
+    assert df["mixed_version_frac"].iloc[1:].mean() == pytest.approx(mixed.mean())
     end = float(df["eval/pass@1"].iloc[-1])
     assert end > start + 0.01, (start, end)
 
