@@ -5,6 +5,8 @@ import argparse
 import importlib
 import sys
 
+from scaling_rl.errors import UsageError  # noqa: F401  (kept importable from here)
+
 # (module, description). Each module defines `register(subparsers)` which adds its
 # sub-command(s) with `set_defaults(func=callable(args) -> int)`.
 _COMMANDS = [
@@ -13,10 +15,6 @@ _COMMANDS = [
     ("scaling_rl.scaling.cli", "fit scaling laws and plot them"),
     ("scaling_rl.llm.cli", "GRPO experiments on transformers models"),
 ]
-
-
-class UsageError(Exception):
-    """Bad user input: reported as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -777,7 +777,7 @@ def register(subparsers) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from scaling_rl.cli import UsageError
+    from scaling_rl.errors import UsageError
 
     overrides: dict[str, Any] = {}
     for flag, field in _FLAG_FIELDS:

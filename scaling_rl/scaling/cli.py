@@ -71,7 +71,7 @@ def register(subparsers) -> None:
 
 
 def run_fit(args) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from .analysis import Settings, analyze
     from .data import load_results
     from .report import write_outputs
@@ -104,7 +104,7 @@ def run_fit(args) -> int:
 
 
 def run_plot(args) -> int:
-    from ..cli import UsageError
+    from ..errors import UsageError
     from .plots import plot_all
     from .report import load_fit
 

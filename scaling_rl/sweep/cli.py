@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def _usage(msg: str):
-    from scaling_rl.cli import UsageError
+    from scaling_rl.errors import UsageError
     return UsageError(msg)
 
 
