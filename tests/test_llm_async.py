@@ -44,7 +44,9 @@ def test_config_errors_are_one_line():
                     (dict(reward="nope"), "^reward: 'nope' is not registered"),
                     (dict(device="gpu0"), "^device: 'gpu0' is not a torch device"),
                     (dict(max_staleness=0), "^max_staleness: 0 must be >= 1"),
-                    (dict(is_cap=0.5), "^is_cap: 0.5 must be >= 1")]:
+                    (dict(is_cap=0.5), "^is_cap: 0.5 must be >= 1"),
+                    (dict(rollout="ray", searchers=3), "^searchers: 3 must divide prompts_per_step=16"),
+                    (dict(rollout="tba", replay_capacity=8), "^replay_capacity: 8 must hold")]:
         with pytest.raises(ValueError, match=msg) as e:
             GRPOConfig(**kw)
         assert "\n" not in str(e.value)

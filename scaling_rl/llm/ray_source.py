@@ -41,9 +41,6 @@ class RaySource(OrderedSource):
         import ray
         super().__init__(trainer)
         c = self.cfg = trainer.cfg
-        if c.prompts_per_step % c.searchers:
-            raise ValueError(f"searchers: {c.searchers} must divide prompts_per_step="
-                             f"{c.prompts_per_step} for rollout=ray")
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=False)
         self.ray = ray

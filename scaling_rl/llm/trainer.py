@@ -150,6 +150,8 @@ class GRPOConfig:
         need(self.is_cap <= 0 or self.is_cap >= 1, "is_cap", "must be >= 1 (or <= 0: no cap)")
         need(self.rollout != "tba" or self.replay_capacity >= self.prompts_per_step, "replay_capacity",
              "must hold at least prompts_per_step groups")
+        need(self.rollout != "ray" or self.prompts_per_step % self.searchers == 0, "searchers",
+             f"must divide prompts_per_step={self.prompts_per_step} for rollout=ray")
         need(self.prompts_per_step * self.group_size % self.num_minibatches == 0, "num_minibatches",
              "must divide prompts_per_step * group_size")
 
