@@ -23,8 +23,10 @@ import json
 import traceback
 from collections import defaultdict
 
+from scaling_rl.errors import one_line
 from scaling_rl.io import atomic_write_json, atomic_write_parquet
 from scaling_rl.sweep import registry
+from scaling_rl.sweep.registry import trial_param_count
 from scaling_rl.sweep.spec import canonical_json
 from scaling_rl.sweep.store import FINISHED, Store, _now
 
@@ -58,9 +60,9 @@ def groups(store: Store, tids) -> list[list[str]]:
     return out
 
 
-def run_pack(store: Store, group: list[str], opts) -> int:
-    """Claim what we can of `group` and run it packed (or alone if only one is ours)."""
-    from scaling_rl.sweep.runner import one_line, run_claimed, trial_param_count
+def run_pack(store: Store, group: list[str], opts, run_single) -> int:
+    """Claim what we can of `group` and run it packed, or with `run_single(store, claim, opts)` (the
+    runner's one-trial path, passed in so this module does not import the runner) if only one is ours."""
 
     claims = []
     try:
@@ -75,7 +77,7 @@ def run_pack(store: Store, group: list[str], opts) -> int:
         if not claims:
             return 0
         if len(claims) == 1:
-            run_claimed(store, claims[0], opts)
+            run_single(store, claims[0], opts)
             return 1
         trials = [store.trial(c.tid) for c in claims]
         first, n = trials[0], trials[0].seeds

@@ -69,3 +69,17 @@ def get(name: str) -> TrialKind:
     kind = getattr(importlib.import_module(mod_name), attr)
     _CACHE[name] = kind
     return kind
+
+
+def trial_param_count(kind: TrialKind, config: dict, tdir) -> int | None:
+    """N of a trial: what train.run recorded in `tdir`/config.json, else the kind's own count."""
+    import json
+    from pathlib import Path
+    try:
+        return int(json.loads((Path(tdir) / "config.json").read_text())["param_count"])
+    except (OSError, KeyError, ValueError, TypeError):
+        pass
+    try:
+        return kind.param_count(config)
+    except Exception:  # noqa: BLE001 - a count is nice to have, not worth failing for
+        return None

@@ -18,7 +18,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from scaling_rl.sweep import registry
+from scaling_rl.errors import one_line
+from scaling_rl.sweep import packing, registry
+from scaling_rl.sweep.registry import trial_param_count
 from scaling_rl.sweep.store import FINISHED, HOST, Claim, Store, _now
 
 MAX_CRASHES = 3
@@ -35,11 +37,6 @@ class RunOptions:
     compile_cache: Any = False           # directory | False
     gpu_mem_fraction: float | None = None
     pack: bool = False
-
-
-def one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 # ---- per-process set-up ----------------------------------------------------------------------
@@ -99,19 +96,6 @@ def _wandb_arg(opts: RunOptions, tid: str, trial, trial_dir: Path):
              config={"trial_id": tid, "agent": trial.agent, "seeds": trial.seeds,
                      "seed": trial.seed, **trial.config})
     return w
-
-
-def trial_param_count(kind, config: dict, tdir: Path):
-    """N of a trial: what train.run recorded in config.json, else the kind's own count."""
-    import json
-    try:
-        return int(json.loads((tdir / "config.json").read_text())["param_count"])
-    except (OSError, KeyError, ValueError, TypeError):
-        pass
-    try:
-        return kind.param_count(config)
-    except Exception:  # noqa: BLE001 - a count is nice to have, not worth failing for
-        return None
 
 
 def run_claimed(store: Store, claim: Claim, opts: RunOptions) -> str:
@@ -178,7 +162,6 @@ def unfinished(store: Store, tids) -> list[str]:
 
 def worker_loop(opts: RunOptions, index: int = 0, *, poll_s: float = 0.2) -> int:
     """Take and run trials until every trial of the run is finished. Returns trials run here."""
-    from scaling_rl.sweep import packing
     store = Store(opts.root)
     tids = list(opts.trial_ids)
     if tids:  # start at different places so workers rarely race for the same lock
@@ -193,7 +176,7 @@ def worker_loop(opts: RunOptions, index: int = 0, *, poll_s: float = 0.2) -> int
         if opts.pack:
             for group in packing.groups(store, todo):
                 if len(group) > 1:
-                    n = packing.run_pack(store, group, opts)
+                    n = packing.run_pack(store, group, opts, run_single=run_claimed)
                     ran += n
                     progressed |= n > 0
             todo = unfinished(store, tids)
