@@ -193,6 +193,30 @@ def test_inflight_updates_keep_the_cache_and_refill_slots():
     _swap_weights(model, v0)
 
 
+def test_async_source_replaces_a_killed_worker_without_double_counting():
+    import os
+    import signal
+    cfg = GRPOConfig(**dict(TINY, sft_steps=0, steps=3, rollout="async",
+                            objective="decoupled_ppo", max_staleness=1))
+    trainer = GRPOTrainer(cfg)
+    try:
+        trainer.setup()
+        rows = [trainer.train_step()]
+        victim = trainer.source.worker.proc
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(timeout=10)
+        rows += [trainer.train_step(), trainer.train_step()]
+        src = trainer.source
+        assert src.restarts == 1 and src.worker.proc.pid != victim.pid
+        assert src.consumed == list(range(3 * 4))        # each group once, none lost
+        assert trainer.counters["rollouts"] == 3 * 4 * 4
+        assert rows[-1]["source/restarts"] == 1 and max(r["staleness_max"] for r in rows) <= 1
+        worker = src.worker.proc
+    finally:
+        trainer.close()
+    assert not worker.is_alive()                         # close() stops the replacement too
+
+
 def test_replay_buffer_mix_and_resumable_state():
     def group(i, r):
         b = rollout.Batch(*(torch.zeros(2, 3, dtype=torch.long) for _ in range(4)),

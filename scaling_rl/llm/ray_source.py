@@ -49,7 +49,6 @@ class RaySource(OrderedSource):
         self.version, self.weights = trainer.step, [ray.put(cpu_state(trainer.model))]
         self.next_unit = trainer.step * c.searchers      # units of step s: s·K .. s·K + K - 1
         self.todo: list[int] = []                        # units to hand out again (dead actor)
-        self.restarts = 0
         self.actors = [self._new_actor(k) for k in range(c.searchers)]
         self.running: dict = {}                          # future -> (actor slot, unit)
 
@@ -95,11 +94,6 @@ class RaySource(OrderedSource):
                 self.todo.sort()
         self._submit()
         return out
-
-    def pull(self) -> dict:
-        data = super().pull()
-        data["source"]["source/restarts"] = self.restarts
-        return data
 
     def publish(self, model, version: int) -> None:
         self.version, self.weights = version, [self.ray.put(cpu_state(model))]

@@ -339,6 +339,7 @@ class OrderedSource:
         self.pending: dict[int, Group] = {}
         self.consumed: list[int] = []   # group indices trained on, in order
         self.wait_s = 0.0
+        self.restarts = 0               # workers replaced after dying
 
     def _receive(self, timeout: float) -> list[Group]:
         raise NotImplementedError
@@ -358,7 +359,8 @@ class OrderedSource:
         self.wait_s += wait
         self.consumed += list(want)
         data = assemble(self.trainer, [self.pending.pop(j) for j in want])
-        data["source"] = {"source/wait_s": wait, "source/queued_groups": len(self.pending)}
+        data["source"] = {"source/wait_s": wait, "source/queued_groups": len(self.pending),
+                          "source/restarts": self.restarts}
         return data
 
     def state_dict(self) -> dict:
@@ -369,14 +371,31 @@ class OrderedSource:
 
 
 class ProcessSource(OrderedSource):
-    """`async` / `pipeline`: one local worker process with its own model copy."""
+    """`async` / `pipeline`: one local worker process with its own model copy. A worker that dies
+    is replaced (current weights, a fresh prompt stream) up to `max_restarts` times; groups are
+    consumed by index, so regenerated ones are never counted twice."""
+
+    max_restarts = 3
 
     def __init__(self, trainer, mode: str):
         super().__init__(trainer)
-        self.worker = _Worker(trainer, mode, 0, trainer.step * trainer.cfg.prompts_per_step)
+        self.mode = mode
+        self.worker = self._start()
+
+    def _start(self) -> _Worker:
+        t = self.trainer
+        return _Worker(t, self.mode, self.restarts, t.step * t.cfg.prompts_per_step)
 
     def _receive(self, timeout):
-        return self.worker.get(timeout)
+        try:
+            return self.worker.get(timeout)
+        except RuntimeError:
+            if self.restarts >= self.max_restarts:
+                raise
+            self.restarts += 1
+            self.worker.close()
+            self.worker = self._start()
+            return []
 
     def publish(self, model, version: int) -> None:
         self.worker.send(cpu_state(model), version)

@@ -97,7 +97,7 @@ class GRPOConfig:
     searchers: int = 2                # tba / ray: K generation workers (searchers, actors)
     sync_every: int = 1               # tba: searchers receive weights every this many steps
     replay_capacity: int = 256        # tba: groups kept in the replay buffer
-    replay_reward_fraction: float = 0.5  # tba: share of each batch drawn by reward (rest: recency)
+    replay_reward_fraction: float = 0.25  # tba: share of each batch drawn by reward (rest: recency)
     replay_temperature: float = 0.1   # tba: reward-prioritised draw ∝ exp(mean group reward / T)
     # bookkeeping
     eval_every: int = 10
