@@ -221,9 +221,8 @@ def hlo_report(args) -> None:
         finally:
             nets.backbone.SCAN_SAVE_POLICY = saved
         loops = nets.memory.while_loop_stacked_buffers(compiled.as_text(), nb)
-        total = sum(b for _, b in loops)
         print(f"  {label:26s} peak {peak_bytes(compiled) / 2 ** 20:8.0f} MiB  loops "
-              + " ".join(f"[{n}, {b / 2 ** 20:.0f}]" for n, b in loops) + f"  total {total / 2 ** 20:.0f} MiB")
+              + " ".join(f"[{n}, {b / 2 ** 20:.0f}]" for n, b in loops))
 
 
 def main(argv=None):
