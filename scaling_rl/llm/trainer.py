@@ -93,7 +93,7 @@ class GRPOConfig:
     max_staleness: int = 1            # η: generation runs at most η policy versions ahead
     is_cap: float = 5.0               # decoupled_ppo: drop tokens with π_prox/π_behav above it;
                                       # tis: truncation c of π_θ/π_behav (<= 0: no cap)
-    tb_beta: float = 1.0              # vargrad: rewards enter as r / tb_beta
+    tb_beta: float = 0.5              # vargrad: rewards enter as r / tb_beta
     searchers: int = 2                # tba / ray: K generation workers (searchers, actors)
     sync_every: int = 1               # tba: searchers receive weights every this many steps
     replay_capacity: int = 256        # tba: groups kept in the replay buffer
