@@ -20,10 +20,12 @@ def _sampled_accuracy(path, problems) -> float:
 @pytest.mark.slow
 def test_grpo_improves_addition_reward(tmp_path):
     torch.set_num_threads(1)
-    # SFT stops at 60% greedy train accuracy (sampled accuracy is lower: room for RL to sharpen),
-    # then 40 GRPO steps. Measured here: 0.488 -> 0.560 sampled held-out accuracy.
-    cfg = dict(task="addition", digits=2, seed=0, sft_steps=600, sft_target_accuracy=0.6,
-               steps=40, prompts_per_step=16, group_size=8, lr=1e-4, loss_type="grpo",
+    # SFT stops at 30% greedy train accuracy (room for RL to sharpen), then 40 GRPO steps. Measured
+    # (torch 2.13 CPU, transformers 5.24): 0.2975 -> 0.3353 sampled held-out accuracy. With the old
+    # 60% SFT target the same library versions gave 0.372 -> 0.378 (an SFT base too strong for 40
+    # steps to move; it passed with the libraries of its day: 0.488 -> 0.560).
+    cfg = dict(task="addition", digits=2, seed=0, sft_steps=600, sft_target_accuracy=0.3,
+               steps=40, prompts_per_step=16, group_size=8, lr=2e-4, loss_type="grpo",
                eval_every=40, checkpoint_every=40, eval_problems=100)
     df = run(cfg, tmp_path / "run")
     assert df.loc[0, "sft/probe_accuracy"] >= 0.1            # the base model can already solve some
