@@ -111,7 +111,7 @@ def test_duplicated_nested_key_is_refused(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_unique_key_loader_keeps_safe_load_semantics():
+def test_unique_key_check_keeps_safe_load_semantics():
     text = textwrap.dedent("""\
         a: &anchor {k: 1, j: 2.5e-3, when: 2024-01-02, yes: true, none: null}
         b:
@@ -121,12 +121,14 @@ def test_unique_key_loader_keeps_safe_load_semantics():
         1: int key
         "1": str key
     """)
-    assert yaml.load(text, Loader=spec_mod.UniqueKeyLoader) == yaml.safe_load(text)  # noqa: S506
-    assert yaml.load(text, Loader=spec_mod.UniqueKeyLoader)["b"]["k"] == 3  # noqa: S506
+    assert spec_mod.safe_load_unique(text) == yaml.safe_load(text)
+    assert spec_mod.safe_load_unique(text)["b"]["k"] == 3
     with pytest.raises(yaml.YAMLError):  # tags stay refused
-        yaml.load("a: !!python/object/apply:os.system ['true']\n", Loader=spec_mod.UniqueKeyLoader)  # noqa: S506
+        spec_mod.safe_load_unique("a: !!python/object/apply:os.system ['true']\n")
     with pytest.raises(spec_mod.DuplicateKeyError):  # 1 and 1.0 are the same dict key
-        yaml.load("1: a\n1.0: b\n", Loader=spec_mod.UniqueKeyLoader)  # noqa: S506
+        spec_mod.safe_load_unique("1: a\n1.0: b\n")
+    with pytest.raises(spec_mod.DuplicateKeyError):  # nested in a sequence too
+        spec_mod.safe_load_unique("a: [{x: 1, x: 2}]\n")
 
 
 # ---- memory ----------------------------------------------------------------------------------

@@ -118,33 +118,45 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
         self.key, self.first_line = key, first_line
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` (same tags, same types) that refuses a mapping with a key given twice,
-    where PyYAML keeps the last value silently. Keys merged in with `<<: *anchor` may still be
-    overridden, as YAML intends; only a mapping's own keys must be unique."""
-
-    def flatten_mapping(self, node):
-        # SafeConstructor.construct_mapping flattens every mapping (and, in place, its merge
-        # sources) before building it: check each node's own keys once, before that happens
-        checked = self.__dict__.setdefault("_unique_checked", set())
-        if id(node) not in checked:
-            checked.add(id(node))
-            seen: dict = {}
-            for key_node, _ in node.value:
+def check_unique_keys(text: str) -> None:
+    """Raise `DuplicateKeyError` if any mapping of the YAML `text` gives one of its own keys twice
+    (PyYAML keeps the last value silently). Keys merged in with `<<: *anchor` may still be
+    overridden, as YAML intends. Only composes the node graph (nothing is constructed but scalar
+    keys, by the safe constructor), so call it after `yaml.safe_load` has accepted the text."""
+    keys = yaml.SafeLoader("")            # the safe constructor, to compare keys as safe_load does
+    seen_nodes: set[int] = set()
+    stack = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, value_node in node.value:
+                stack.append(value_node)
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
-                key = self.construct_object(key_node, deep=True)
+                key = keys.construct_object(key_node, deep=True)
                 try:
-                    if key in seen:
-                        raise DuplicateKeyError(key, seen[key], key_node.start_mark)
-                    seen[key] = key_node.start_mark.line + 1
-                except TypeError:   # unhashable: construct_mapping reports it
+                    if key in first:
+                        raise DuplicateKeyError(key, first[key], key_node.start_mark)
+                    first[key] = key_node.start_mark.line + 1
+                except TypeError:   # unhashable key: safe_load has refused it already
                     continue
-        super().flatten_mapping(node)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
+def safe_load_unique(text: str) -> Any:
+    """`yaml.safe_load`, refusing a mapping with a key given twice (`DuplicateKeyError`)."""
+    data = yaml.safe_load(text)
+    check_unique_keys(text)
+    return data
 
 
 def load_yaml(path: str | os.PathLike) -> dict:
-    """`yaml.safe_load` a spec file (with `UniqueKeyLoader`); any YAML problem (incl. `!!python/...`
+    """`yaml.safe_load` a spec file (`safe_load_unique`); any YAML problem (incl. `!!python/...`
     tags, a duplicated key) -> SpecError."""
     path = Path(path)
     try:
@@ -152,7 +164,7 @@ def load_yaml(path: str | os.PathLike) -> dict:
     except OSError as e:
         raise SpecError(f"{path}: cannot read spec ({e.strerror or e})") from None
     try:
-        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = safe_load_unique(text)
     except DuplicateKeyError as e:
         raise SpecError(f"{path}: line {e.problem_mark.line + 1}: {e.problem}; give each key once "
                         "(YAML would keep only the last)") from None
