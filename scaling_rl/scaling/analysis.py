@@ -311,26 +311,14 @@ def _replicates(de: DataEfficiency, st: Settings, notes: list) -> Replicates:
 
 
 def _point_rows(de: DataEfficiency, table, reps: Replicates) -> list[dict]:
+    """The table's rows (D_lo/D_hi from `DataEfficiency.point_interval`), each with its whole interval
+    record (method, p_below, n_ok/n or the reason there is none)."""
     rows = _json_rows(table)
+    gi = {(t, u, -1.0 if n != n else n): g for g, (t, u, n) in
+          enumerate(de.groups[["task", "utd", "param_count"]].itertuples(index=False))}
     for r in rows:
-        g = int(np.flatnonzero((de.groups["task"] == r["task"]).to_numpy()
-                               & (de.groups["utd"].to_numpy() == r["utd"])
-                               & (np.nan_to_num(de.groups["param_count"].to_numpy(float), nan=-1.0)
-                                  == (r["param_count"] if r["param_count"] is not None else -1.0)))[0])
-        j = int(r["j_index"])
-        D = float(de.g_point[g, j])
-        n_c = int(r.get("n_seeds") or reps.n_seeds)
-        reason = reps.reason or (f"fewer than {fitting.MIN_SEEDS} seeds per configuration: no seed-bootstrap interval "
-                                 "for a single point" if n_c < fitting.MIN_SEEDS else None)
-        cens = float(np.mean(~np.isfinite(de.g_boot[:, g, j]))) if de.g_boot.shape[0] else 0.0
-        if reason is None and cens > fitting.MAX_FAIL:
-            reason = f"censored (never reaches J) in {cens:.0%} of the resamples"
-        if np.isfinite(D) and reps.K:
-            Y = np.where(np.isfinite(de.g_boot[:, g, j]), de.g_boot[:, g, j], np.nan)
-            iv = fitting.interval(D, Y, de.g_jack[:, g, j], level=reps.level,
-                                  inflation=reps.inflation_for(n_c - 1), n_total=len(Y), reason=reason)
-        else:
-            iv = {"lo": None, "hi": None, "reason": "censored" if not np.isfinite(D) else reason}
+        g = gi[(r["task"], r["utd"], -1.0 if r["param_count"] is None else r["param_count"])]
+        iv = de.point_interval(g, int(r["j_index"]), reps.level, reason=reps.reason)
         r["D_lo"], r["D_hi"] = iv["lo"], iv["hi"]
         r["D_interval"] = {k: v for k, v in iv.items() if k != "estimate"}
     return rows
@@ -754,7 +742,7 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
                    "params": p, "box": {"sigma": list(box["sigma_range"]), "N": list(box["n_range"])},
                    "swept": {"sigma": [min(s_lv), max(s_lv)], "N": [min(n_lv), max(n_lv)]},
                    "free": {"sigma": "fix_sigma" not in fixed, "N": "fix_n" not in fixed}}
-            row["edge"] = _edges(opt, box, fixed)
+            row["edge"] = _edges(opt, row)
             row["extrapolated"] = {"sigma": not (min(s_lv) * (1 - 1e-9) <= opt["sigma"] <= max(s_lv) * (1 + 1e-9)),
                                    "N": not (min(n_lv) * (1 - 1e-9) <= opt["N"] <= max(n_lv) * (1 + 1e-9))}
             samples = []
@@ -824,16 +812,17 @@ def _full_params(p: dict, kind: str) -> dict:
     return q
 
 
-def _edges(opt: dict, box: dict, fixed: dict) -> dict:
-    """Which free axis ended on the search box's edge ("lower" | "upper"), if any."""
+def _edges(opt: dict, row: dict) -> dict:
+    """Which free axis of allocation `row` (its `box` and `free`) the optimum `opt` ended on the edge of
+    ("lower" | "upper"), if any: the point optimum or one replicate's."""
     out = {}
-    for ax, rng, fx in (("sigma", box["sigma_range"], "fix_sigma"), ("N", box["n_range"], "fix_n")):
-        if fx in fixed:
+    for ax in ("sigma", "N"):
+        if not row["free"][ax]:
             continue
-        v = opt[ax]
-        if abs(math.log(v / rng[0])) < 1e-4:
+        lo, hi = row["box"][ax]
+        if abs(math.log(opt[ax] / lo)) < 1e-4:
             out[ax] = "lower"
-        elif abs(math.log(v / rng[1])) < 1e-4:
+        elif abs(math.log(opt[ax] / hi)) < 1e-4:
             out[ax] = "upper"
     return out
 
@@ -850,9 +839,7 @@ def _optimum_intervals(row: dict, reps: Replicates) -> dict:
             reason = "optimum on the edge of the searched box (" + ", ".join(
                 f"{a} {e}" for a, e in row["edge"].items()) + ")"
         else:
-            box = {"sigma_range": tuple(row["box"]["sigma"]), "n_range": tuple(row["box"]["N"])}
-            fixed = {"fix_sigma": 1} if not row["free"]["sigma"] else {"fix_n": 1} if not row["free"]["N"] else {}
-            n_edge = sum(1 for s_ in samples if s_ is not None and _edges(s_, box, fixed))
+            n_edge = sum(1 for s_ in samples if s_ is not None and _edges(s_, row))
             if n_edge > fitting.MAX_FAIL * len(samples):
                 reason = (f"in {n_edge} of {len(samples)} replicates the optimum sits on the search box's edge: "
                           "the interval would be set by the box, not the data")
@@ -886,9 +873,7 @@ def _budget_laws(t: str, rows: list[dict], reps: Replicates, st: Settings, final
             pts = [r["_samples"][b] for r in interior]
             if any(p is None for p in pts):
                 continue
-            edge = any(_edges(p, {"sigma_range": tuple(r["box"]["sigma"]), "n_range": tuple(r["box"]["N"])},
-                              {} if r["free"]["sigma"] and r["free"]["N"] else
-                              ({"fix_n": 1} if not r["free"]["N"] else {"fix_sigma": 1})) for p, r in zip(pts, interior))
+            edge = any(_edges(p, r) for p, r in zip(pts, interior))
             if edge:  # this replicate's optimum is not an optimum: the budget law is undefined there
                 n_edge += 1
                 continue

@@ -141,11 +141,6 @@ class DataEfficiency:
             gfin = np.where(np.isfinite(self.g_boot), self.g_boot, np.nan)
             g_mean = np.nanmean(gfin, axis=0)
             g_std = np.nanstd(gfin, axis=0, ddof=1) if self.g_boot.shape[0] > 1 else np.full(self.g_point.shape, np.nan)
-            # Percentile interval of log D around the point estimate, deviations inflated for few seeds.
-            infl = np.sqrt(self.min_seeds / (self.min_seeds - 1)) if self.min_seeds > 1 else np.nan
-            lg = np.log(self.g_point)[None] + infl * (np.log(gfin) - np.log(self.g_point)[None])
-            q = (1 - level) / 2
-            g_lo, g_hi = np.exp(np.nanquantile(lg, q, axis=0)), np.exp(np.nanquantile(lg, 1 - q, axis=0))
         single = self.configs.groupby("group")["n_seeds"].min().to_numpy() < 2
         for g, grow in self.groups.iterrows():
             members = np.flatnonzero(cfg["group"].to_numpy() == g)
@@ -160,13 +155,13 @@ class DataEfficiency:
                 bvals = cfg["batch_size"].to_numpy()[winners[winners >= 0]]
                 lvals = cfg["lr"].to_numpy()[winners[winners >= 0]]
                 censored_cfg = [int(c) for c in members if not np.isfinite(self.point[c, j])]
+                iv = self.point_interval(g, j, level)
                 rows.append({
                     "task": grow["task"], "utd": grow["utd"], "param_count": grow["param_count"], "j_index": j,
                     "threshold": float(self.thresholds[grow["task"]][j]), "D": float(D),
                     "D_boot_mean": float(g_mean[g, j]),
                     "D_boot_std": float("nan") if single[g] else float(g_std[g, j]),
-                    "D_lo": float("nan") if single[g] else float(g_lo[g, j]),
-                    "D_hi": float("nan") if single[g] else float(g_hi[g, j]),
+                    "D_lo": _nan_if_none(iv["lo"]), "D_hi": _nan_if_none(iv["hi"]),
                     "censored": bool(not np.isfinite(D)),
                     "left_censored": bool(self.g_left[g, j]),
                     "log_points_before": int(self.g_resolution[g, j]),
@@ -183,6 +178,26 @@ class DataEfficiency:
                 })
         return pd.DataFrame(rows)
 
+    def point_interval(self, g: int, j: int, level: float = 0.9, reason: str | None = None) -> dict:
+        """`fitting.interval` of the best D_J of group g at threshold j (the one definition, used by the
+        table and the report): seed-bootstrap replicates (a censored resample counts as failed),
+        jackknife rows for BCa, deviations × seed_inflation(n, n − 1); fewer than MIN_SEEDS seeds,
+        or a censored point, give no interval and say why."""
+        from . import fitting
+        D = float(self.g_point[g, j])
+        if not np.isfinite(D):
+            return {"estimate": D, "lo": None, "hi": None, "reason": "censored"}
+        n = int(self.configs["n_seeds"].to_numpy()[self.configs["group"].to_numpy() == g].min())
+        if reason is None and n < fitting.MIN_SEEDS:
+            reason = (f"fewer than {fitting.MIN_SEEDS} seeds per configuration: no seed-bootstrap interval "
+                      "for a single point")
+        cens = float(np.mean(~np.isfinite(self.g_boot[:, g, j])))
+        if reason is None and cens > fitting.MAX_FAIL:
+            reason = f"censored (never reaches J) in {cens:.0%} of the resamples"
+        Y = np.where(np.isfinite(self.g_boot[:, g, j]), self.g_boot[:, g, j], np.nan)
+        return fitting.interval(D, Y, self.g_jack[:, g, j], level=level,
+                                inflation=fitting.seed_inflation(n, n - 1, level), n_total=len(Y), reason=reason)
+
     def hparam_samples(self, field: str) -> tuple[np.ndarray, np.ndarray]:
         """Uncertainty-corrected optimum of `field` per group (G,) and per bootstrap sample (K, G):
         geometric means of the winning configurations' values over samples and thresholds (a
@@ -195,6 +210,10 @@ class DataEfficiency:
             per_sample = np.exp(np.nanmean(v, axis=2))
             point = np.exp(np.nanmean(v, axis=(0, 2)))
         return point, per_sample
+
+
+def _nan_if_none(v) -> float:
+    return float("nan") if v is None else float(v)
 
 
 def _geomean(v: np.ndarray) -> float:

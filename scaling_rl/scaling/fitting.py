@@ -184,8 +184,6 @@ class Fit:
     objective: float
     r2: float
     residuals: np.ndarray
-    converged: bool
-    n_starts: int
 
     @property
     def params(self) -> dict[str, float]:
@@ -351,8 +349,7 @@ def fit(problem: Problem, log_y: np.ndarray, weights: np.ndarray | None = None, 
                          f"points for {problem.n_params} parameters)")
     u = bf.U[0]
     pred = problem.predict(u[None])[0]
-    return Fit(problem, u, float(bf.objective[0]), r2_log(log_y, pred, w), log_y - pred, True,
-               len(_start_grid(problem, log_y)))
+    return Fit(problem, u, float(bf.objective[0]), r2_log(log_y, pred, w), log_y - pred)
 
 
 # ---- batched refits (bootstrap) -----------------------------------------------------------------
