@@ -62,7 +62,7 @@ class Truth:
         return pen
 
 
-def _return_curve(truth: Truth, t: np.ndarray, sigma: float, N: float, task_index: int) -> np.ndarray:
+def return_curve(truth: Truth, t: np.ndarray, sigma: float, N: float, task_index: int) -> np.ndarray:
     """R(t): the inverse of J -> D_J(σ, N), by interpolation on a fine grid of J."""
     Jg = np.linspace(1e-4, 1 - 1e-4, 4000)
     Dg = truth.D(Jg, sigma, N, task_index)
@@ -87,7 +87,7 @@ def make_study(truth: Truth = Truth(), *, utds: Sequence[float] = (0.5, 1, 2, 4,
         for s, n, b, lr in itertools.product(utds, param_counts, batch_sizes, lrs):
             slow = truth.slowdown(s, b, lr)
             warp = np.exp(noise * rng.standard_normal(seeds))          # per-seed D multiplier
-            Y = np.stack([_return_curve(truth, steps / (slow * w), s, n, ti) for w in warp], axis=1)
+            Y = np.stack([return_curve(truth, steps / (slow * w), s, n, ti) for w in warp], axis=1)
             Y = Y + obs_noise * rng.standard_normal(Y.shape)
             curves.append(Curve(task=task, utd=float(s), param_count=float(n), batch_size=float(b), lr=float(lr),
                                 steps=steps.copy(), returns=return_scale * Y))

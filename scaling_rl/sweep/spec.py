@@ -45,7 +45,8 @@ import yaml
 from scaling_rl.sweep import registry
 
 TOP_KEYS = ("name", "agent", "out_dir", "description", "base", "grid", "zip", "seeds", "seed",
-            "env_steps", "backend", "wandb", "pack", "pack_seeds", "checkpoint_every", "compile_cache")
+            "env_steps", "backend", "wandb", "pack", "pack_seeds", "checkpoint_every", "compile_cache",
+            "early_stop", "adaptive")
 BACKENDS = ("local", "slurm", "ray")
 BACKEND_KEYS = ("name", "workers", "gpu_mem_fraction", "slurm", "ray")
 SLURM_KEYS = ("partition", "time_min", "gpus_per_node", "cpus_per_task", "mem_gb",
@@ -93,6 +94,8 @@ class Spec:
     checkpoint_every: int
     compile_cache: Any       # path (str) or False
     raw: dict                # the YAML as loaded (for the record)
+    early_stop: Any = None   # sweep.early_stop.Rule | None
+    adaptive: Any = None     # sweep.adaptive.Design | None (then `trials` are the candidates)
 
 
 def canonical_json(obj: Any) -> str:
@@ -404,8 +407,17 @@ def parse_spec(data: dict, *, source: str = "spec", base_dir: str | os.PathLike 
         raise SpecError(f"compile_cache: expected true, false or a directory, got {cache!r}")
     elif isinstance(cache, str):
         _check_dir_path("compile_cache", Path(cache))
+    early_stop = None
+    if data.get("early_stop") not in (None, False):
+        from scaling_rl.sweep import early_stop as es
+        early_stop = es.from_spec(data["early_stop"], kind=kind, trials=trials)   # SpecError on bad input
+    adaptive = None
+    if data.get("adaptive") not in (None, False):
+        from scaling_rl.sweep import adaptive as ad
+        adaptive = ad.from_spec(data["adaptive"], trials=trials, early_stop=early_stop, seeds=seeds)
     return Spec(name=name, agent=agent, out_dir=out_dir, trials=tuple(trials), backend=backend,
-                wandb=wandb, pack=pack, checkpoint_every=ckpt, compile_cache=cache, raw=data)
+                wandb=wandb, pack=pack, checkpoint_every=ckpt, compile_cache=cache, raw=data,
+                early_stop=early_stop, adaptive=adaptive)
 
 
 def load_spec(path: str | os.PathLike, *, out_dir: str | os.PathLike | None = None) -> Spec:
