@@ -342,7 +342,8 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
         wandb: bool | Mapping[str, Any] = False, progress: bool = True,
         checkpoint_every: int = 1, eval_every: int = 1,
         on_chunk: Callable[[int, Any], None] | None = None,
-        seed_configs: typing.Sequence[Any] | None = None):
+        seed_configs: typing.Sequence[Any] | None = None,
+        stop: Callable[[int, Any], Any] | None = None):
     """Train `seeds` seeds of `agent_name` with `cfg` (its Config, or a dict for
     `Config.from_dict`) into `out_dir`; returns the tidy metrics DataFrame.
 
@@ -358,6 +359,11 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
     has `eval_schedule='log'`, after `eval_points` log-spaced chunks (`eval_chunks`; then
     `eval_every` must stay 1). `on_chunk(chunk,
     table)` is called after each chunk's rows are written and its checkpoint queued.
+    `stop(chunk, table)` (early stopping, scaling_rl/sweep/early_stop.py) is asked after every chunk
+    but the last (before its checkpoint is queued and `on_chunk` is called), and once when resuming from a checkpoint, on the restored rows:
+    when it returns a decision (a JSON-ready dict, anything truthy) the run checkpoints that chunk,
+    writes status.json `done` with `stopped` = the decision and `chunk` = the chunks run, and returns
+    the table; a rerun then returns the stored table (a stopped run is never continued).
     Raises ConfigError before writing anything on bad input, and Diverged(step) after
     writing the metrics so far when a loss becomes non-finite.
     """
@@ -421,7 +427,7 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
         if status.get("status") == "diverged":
             raise Diverged(status.get("step", 0), f"already diverged at env step {status.get('step', 0)}")
         return _loop(agent_name, mod, cfg, agent, out, seeds, seed, wandb, progress, checkpoint_every,
-                     eval_every, on_chunk, seed_hparams)
+                     eval_every, on_chunk, seed_hparams, stop)
 
 
 def _with_new_defaults(old_config: Any, cfg: Any) -> Any:
@@ -506,7 +512,7 @@ def _first_difference(old: Mapping, new: Mapping) -> str:
 
 
 def _loop(agent_name, mod, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, checkpoint_every,
-          eval_every, on_chunk, seed_hparams=None):
+          eval_every, on_chunk, seed_hparams=None, stop=None):
     import jax
 
     from scaling_rl.checkpoint import Checkpointer
@@ -573,6 +579,8 @@ def _loop(agent_name, mod, cfg, agent, out: Path, seeds, seed, wandb_opts, progr
     rows: list[dict[str, Any]] = []
     wall_offset = 0.0
     finished = False
+    stopped = None       # the early-stop decision that ended the run, if any
+    end = num_chunks     # chunks run when the run is declared done
     try:
         start = ckpt.latest_step() or 0
         if start > num_chunks:
@@ -583,7 +591,13 @@ def _loop(agent_name, mod, cfg, agent, out: Path, seeds, seed, wandb_opts, progr
             rows = [dict(r) for r in meta["rows"]]
             wall_offset = float(meta.get("wall_time", 0.0))
         io.atomic_write_json(status_path, {"status": "running", "chunk": start, "num_chunks": num_chunks})
-        if start < num_chunks:
+        if stop is not None and 0 < start < num_chunks and rows:
+            # killed after the decision but before status.json said done: the rule is a pure
+            # function of the table, so asking it again on the restored rows gives the same answer
+            stopped = stop(start - 1, metrics_frame(rows)) or None
+            if stopped is not None:
+                end = start
+        if start < num_chunks and stopped is None:
             if state is None:
                 state = init_prog(*init_args)
             with warnings.catch_warnings():
@@ -634,12 +648,14 @@ def _loop(agent_name, mod, cfg, agent, out: Path, seeds, seed, wandb_opts, progr
                 if logger is not None:
                     logger.log(new_rows)
                 last = chunk + 1 == num_chunks
-                if last or (checkpoint_every and (chunk + 1) % checkpoint_every == 0):
+                if stop is not None and not last:
+                    stopped = stop(chunk, df) or None
+                if last or stopped is not None or (checkpoint_every and (chunk + 1) % checkpoint_every == 0):
                     # save() first waits for the previous save (raising its errors), then copies
                     # the state to host and writes in the background while the next chunk runs.
                     ckpt.save(chunk + 1, state, {"chunk": chunk + 1, "rows": rows, "wall_time": wall,
                                                  "num_chunks": num_chunks})
-                if not last:
+                if not last and stopped is None:
                     io.atomic_write_json(status_path, {"status": "running", "chunk": chunk + 1,
                                                        "num_chunks": num_chunks,
                                                        "env_steps": new_rows[0]["env_steps"]})
@@ -649,19 +665,24 @@ def _loop(agent_name, mod, cfg, agent, out: Path, seeds, seed, wandb_opts, progr
                            sps=new_rows[0]["env_steps_per_s"])
                 if on_chunk is not None:
                     on_chunk(chunk, df)
+                if stopped is not None:
+                    end = chunk + 1
+                    break
             ckpt.wait()  # the final checkpoint is durable before the run is declared done
         else:
             startup_s = 0.0
 
         df = metrics_frame(rows)
-        if not metrics_path.exists() or start == num_chunks:
+        if not metrics_path.exists() or start == end:
             io.atomic_write_parquet(metrics_path, df)
         _try_plot(df, out / "curve.png", title)
         summary = _summary(df, {"param_count": int(agent.param_count), "seeds": seeds,
                                 "startup_s": startup_s,
                                 "program_cache": {k: p.status for k, p in programs.items()}})
-        io.atomic_write_json(status_path, {"status": "done", "chunk": num_chunks,
-                                           "num_chunks": num_chunks, "summary": summary})
+        done = {"status": "done", "chunk": end, "num_chunks": num_chunks, "summary": summary}
+        if stopped is not None:
+            done["stopped"] = stopped
+        io.atomic_write_json(status_path, done)
         if logger is not None:
             logger.run.summary.update(summary)
         finished = True

@@ -31,12 +31,12 @@ def _param_count(config: dict) -> int:
 
 
 def _run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, checkpoint_every: int = 1,
-         seed_configs=None):
+         seed_configs=None, stop=None):
     from scaling_rl import train
     return train.run(AGENT, _module().Config.from_dict(config), out_dir, seeds, seed=seed,
                      wandb=wandb, progress=False, checkpoint_every=checkpoint_every,
-                     seed_configs=seed_configs)
+                     seed_configs=seed_configs, stop=stop)
 
 
 TRIAL_KIND = TrialKind(name="flow_grpo", config_cls=_config_cls, run=_run, param_count=_param_count,
-                       packable=lambda: _module().PACKABLE)
+                       packable=lambda: _module().PACKABLE, stoppable=True)

@@ -26,7 +26,8 @@ import pandas as pd
 
 # Columns that describe a log point or a run, never a configuration.
 BOOKKEEPING = frozenset({"trial_id", "seed", "seed_index", "trial_seed", "seeds", "env_steps", "grad_steps",
-                         "chunk", "step", "time", "wall_time", "status", "trial_dir", "path", "timestamp"})
+                         "chunk", "step", "time", "wall_time", "status", "trial_dir", "path", "timestamp",
+                         "stopped_early", "stop_step"})
 CORE_FIELDS = ("env", "agent", "utd", "batch_size", "lr", "param_count", "width", "depth")
 _TIMING = re.compile(r"(seconds|_s$|time|wall|fps|sps|throughput)")
 
@@ -247,18 +248,36 @@ def _extra_config_columns(df: pd.DataFrame, metric: str, base: list[str]) -> lis
 
 def _align_seeds(g: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray, list]:
     """Put every seed on one step grid: drop seeds that stopped before half the longest one, keep the
-    steps all remaining seeds span, interpolate linearly where their log points differ."""
+    steps all remaining seeds span, interpolate linearly where their log points differ.
+
+    Early stopping (`stopped_early` column of the sweep table): a seed whose trial stopped because it
+    *reached* the study's top threshold is never dropped and never truncates the others; past its last
+    log point it holds its last isotonic (non-decreasing fit) value, up to the end of the grid the other
+    seeds span (its own end when every seed reached). A seed of a trial stopped as `unreachable`
+    (censored) is treated like any seed that ended early (not extended)."""
     per_seed = {}
+    reached = set()
     for s, gs in g.groupby("seed"):
+        if "stopped_early" in gs.columns and (gs["stopped_early"].astype(object) == "reached").any():
+            reached.add(s)
         gs = gs.groupby("env_steps")[metric].mean().sort_index()
         per_seed[s] = (gs.index.to_numpy(float), gs.to_numpy(float))
     longest = max(v[0][-1] for v in per_seed.values())
-    dropped = [_py(s) for s, v in per_seed.items() if v[0][-1] < 0.5 * longest]
-    keep = [v for s, v in per_seed.items() if v[0][-1] >= 0.5 * longest]
-    t0, t1 = max(v[0][0] for v in keep), min(v[0][-1] for v in keep)
-    grid = np.unique(np.concatenate([v[0] for v in keep]))
+    dropped = [_py(s) for s, v in per_seed.items() if s not in reached and v[0][-1] < 0.5 * longest]
+    keep = {s: v for s, v in per_seed.items() if s in reached or v[0][-1] >= 0.5 * longest}
+    full = [v for s, v in keep.items() if s not in reached]
+    t0 = max(v[0][0] for v in keep.values())
+    t1 = min(v[0][-1] for v in full) if full else max(v[0][-1] for v in keep.values())
+    grid = np.unique(np.concatenate([v[0] for v in keep.values()]))
     grid = grid[(grid >= t0) & (grid <= t1)]
-    Y = np.stack([np.interp(grid, t, y) for t, y in keep], axis=1)
+    cols = []
+    for s, (t, y) in keep.items():
+        col = np.interp(grid, t, y)
+        if s in reached:
+            from scaling_rl.scaling.curves import isotonic_rows
+            col[grid > t[-1]] = isotonic_rows(y[None])[0][-1]
+        cols.append(col)
+    Y = np.stack(cols, axis=1)
     return grid, Y, dropped
 
 

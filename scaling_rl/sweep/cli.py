@@ -79,18 +79,28 @@ def _cmd_status(args) -> int:
                   f"ETA {format_eta(s['eta_s'])} (no finished trial yet)")
     for tid, step in s["diverged"]:
         console.print(f"diverged: {tid} at env step {step}")
+    es = s.get("early_stop") or {}
+    if es.get("stopped"):
+        flops = es.get("saved_flops")
+        console.print(f"stopped early: {es['stopped']} ({es.get('reached', 0)} reached, "
+                      f"{es.get('unreachable', 0)} censored as unreachable) · saved "
+                      f"{es.get('saved_env_steps', 0):,} env steps"
+                      + (f", {flops:.3g} FLOPs" if flops else ""))
     if args.trials:
         from scaling_rl.sweep.store import Store
         store = Store(args.dir)
         axes = sorted({k for t in store.trial_ids() for k in store.trial(t).axes})
         per = Table(title="trials")
         per.add_column("trial", no_wrap=True)
-        for col in (*axes, "status", "attempts", "wall_s", "host", "error"):
+        for col in (*axes, "status", "stopped", "attempts", "wall_s", "host", "error"):
             per.add_column(col)
         for tid in store.trial_ids():
             st, trial = store.status(tid), store.trial(tid)
+            stopped = ""   # early stopping: reason @ env step (saved env steps)
+            if st.get("stopped_early"):
+                stopped = f"{st['stopped_early']} @ {st.get('stop_step')} (saved {st.get('saved_env_steps')})"
             per.add_row(tid, *(str(trial.axes.get(a, "")) for a in axes), store.effective_state(tid, st),
-                        str(st.get("attempts", 0)), str(st.get("wall_s", "")), str(st.get("host", "")),
+                        stopped, str(st.get("attempts", 0)), str(st.get("wall_s", "")), str(st.get("host", "")),
                         str(st.get("error") or "")[:60])
         console.print(per)
     return 0

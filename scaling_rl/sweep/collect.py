@@ -32,7 +32,10 @@ def collect(root, *, out: str | None = None, progress: bool = False):
     chunk, env_steps, grad_steps, every metric, and every config field (utd = sigma,
     batch_size = B, lr, width, depth, env, ...). A config field whose name is also a metric
     column (env_steps: budget vs step) is prefixed `cfg_`. `seed` is unique per replica of a
-    config: trial_seed * seeds + seed_index.
+    config: trial_seed * seeds + seed_index. Early stopping (sweep/early_stop.py): every row of a
+    stopped trial carries `stopped_early` ("reached" | "unreachable"; None for a trial that ran its
+    budget) and `stop_step` (its last env step; NaN when not stopped), which `scaling.data` uses to
+    put replicas stopped at different steps on one grid. A stopped trial keeps all its rows.
     """
     import pandas as pd
 
@@ -60,6 +63,8 @@ def collect(root, *, out: str | None = None, progress: bool = False):
         df["agent"] = trial.agent
         df["status"] = st.get("state", "pending")
         df["param_count"] = _param_count(store, tid, st)
+        df["stopped_early"] = st.get("stopped_early")
+        df["stop_step"] = float(st["stop_step"]) if st.get("stop_step") is not None else float("nan")
         for k, v in trial.config.items():
             col = f"cfg_{k}" if k in df.columns else k
             df[col] = json.dumps(v) if isinstance(v, (list, dict)) else v
@@ -77,10 +82,13 @@ def collect(root, *, out: str | None = None, progress: bool = False):
 
 
 def status_summary(root) -> dict:
-    """Counts per state (a `running` trial whose runner died shows as `interrupted`) and an ETA."""
+    """Counts per state (a `running` trial whose runner died shows as `interrupted`) and an ETA;
+    `early_stop`: trials stopped early (stopped, reached, unreachable) and the env steps / FLOPs
+    they saved (saved_flops None when some stopped trial's FLOPs could not be computed)."""
     store = Store(root)
     counts = {s: 0 for s in (*STATES, "interrupted")}
     walls, running_elapsed, diverged = [], [], []
+    es = {"stopped": 0, "reached": 0, "unreachable": 0, "saved_env_steps": 0, "saved_flops": 0.0}
     now = time.time()
     for tid in store.trial_ids():
         st = store.status(tid)
@@ -92,6 +100,13 @@ def status_summary(root) -> dict:
             running_elapsed.append(now - float(st["attempt_started"]))
         if state == "diverged":
             diverged.append((tid, st.get("step")))
+        if state == "done" and st.get("stopped_early"):
+            es["stopped"] += 1
+            es[st["stopped_early"]] = es.get(st["stopped_early"], 0) + 1
+            es["saved_env_steps"] += int(st.get("saved_env_steps") or 0)
+            if es["saved_flops"] is not None:
+                es["saved_flops"] = (None if st.get("saved_flops") is None
+                                     else es["saved_flops"] + float(st["saved_flops"]))
     total = sum(counts.values())
     left = counts["pending"] + counts["interrupted"] + counts["running"]
     eta = None
@@ -100,7 +115,8 @@ def status_summary(root) -> dict:
         lanes = max(1, counts["running"])
         eta = max(0.0, (left * mean - sum(min(e, mean) for e in running_elapsed)) / lanes)
     return {"root": str(store.root), "total": total, "counts": counts, "eta_s": eta,
-            "mean_trial_s": (sum(walls) / len(walls)) if walls else None, "diverged": diverged}
+            "mean_trial_s": (sum(walls) / len(walls)) if walls else None, "diverged": diverged,
+            "early_stop": es}
 
 
 def format_eta(seconds) -> str:

@@ -15,6 +15,12 @@ equals seed i of `train.run` with that member's config and the same root seed: t
 
 On divergence the members owning the bad seeds become `diverged` and the rest run alone later;
 on any other failure every member falls back to running alone (`no_pack`).
+
+Early stopping (`RunOptions.early_stop`): the pack's run gets one stop callable
+(`early_stop.PackWatcher`) that asks the rule about each member's own seeds and stops the pack only
+when every member's rule fires (a member that reached J early waits for the others: its D_J cannot
+change, the pack just saves less). Each member then records its own decision (reason, stop step,
+savings) exactly as an unpacked trial would.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from collections import defaultdict
 
 from scaling_rl.errors import one_line
 from scaling_rl.io import atomic_write_json, atomic_write_parquet
-from scaling_rl.sweep import registry
+from scaling_rl.sweep import early_stop, registry
 from scaling_rl.sweep.registry import trial_param_count
 from scaling_rl.sweep.spec import canonical_json
 from scaling_rl.sweep.store import FINISHED, Store, _now
@@ -90,10 +96,18 @@ def run_pack(store: Store, group: list[str], opts, run_single) -> int:
                                attempts=int(st.get("attempts", 0)) + 1, error=None, packed_in=pack_id)
         error = None
         n_params = None
+        watcher = None
         try:
             extra = {}
             if any(t.config != first.config for t in trials):  # per-seed hyper-parameters
                 extra["seed_configs"] = [t.config for t in trials for _ in range(n)]
+            if getattr(opts, "early_stop", None) is not None:
+                if not kind.stoppable:   # refused at spec time; never ignore a rule silently
+                    raise ValueError(f"early_stop: agent {first.agent!r} cannot stop a trial early")
+                pdir.mkdir(parents=True, exist_ok=True)
+                watcher = early_stop.PackWatcher(opts.early_stop, early_stop.budget_of(first.config), pdir,
+                                                 len(claims), n)
+                extra["stop"] = watcher
             df = kind.run(first.config, str(pdir), n * len(claims), first.seed, wandb=False,
                           checkpoint_every=opts.checkpoint_every, **extra)
         except Exception as e:  # noqa: BLE001
@@ -102,6 +116,7 @@ def run_pack(store: Store, group: list[str], opts, run_single) -> int:
             (pdir / "error.txt").write_text(traceback.format_exc())
             df = None
         n_params = trial_param_count(kind, first.config, pdir)
+        decisions = watcher.final(df) if (watcher is not None and error is None) else None
         if error is not None and type(error).__name__ == "Diverged" and (pdir / "metrics.parquet").exists():
             import pandas as pd
             df = pd.read_parquet(pdir / "metrics.parquet")
@@ -118,7 +133,11 @@ def run_pack(store: Store, group: list[str], opts, run_single) -> int:
                                                          "seeds": t.seeds, "seed": t.seed,
                                                          "packed_in": pack_id, "pack_seed_offset": j * n})
             if error is None:
-                store.write_status(c, "done", finished=_now(), param_count=n_params)
+                stop_fields = {}
+                if watcher is not None:
+                    stop_fields = early_stop.status_fields(decisions[j] if decisions else None, watcher.budget,
+                                                           t.seeds, t.config, n_params)
+                store.write_status(c, "done", finished=_now(), param_count=n_params, **stop_fields)
             elif type(error).__name__ == "Diverged" and df is not None and bad & set(range(j * n, j * n + n)):
                 store.write_status(c, "diverged", finished=_now(), error=one_line(error),
                                    step=int(getattr(error, "step", 0)))

@@ -26,7 +26,7 @@ class TrialKind:
 
     config_cls: () -> the frozen Config dataclass (with `from_dict`).
     run: (config: dict, out_dir: str, seeds: int, seed: int, *, wandb, checkpoint_every
-          [, seed_configs]) -> DataFrame
+          [, seed_configs] [, stop]) -> DataFrame
          resumable from out_dir; writes metrics.parquet; raises an exception named `Diverged`
          (with `.step`) on a non-finite loss. `seed_configs` (one config dict per seed) is passed
          only to packing kinds, when packed trials differ in a `packable()` field.
@@ -34,6 +34,11 @@ class TrialKind:
     check: (config: dict) -> None, extra validation beyond the Config (e.g. env name known).
     packable: None if run() cannot take several trials at once; else () -> the config fields,
          besides the seed, in which trials of one pack may differ (see sweep/packing.py).
+    stoppable: whether run() takes `stop`: a callable (chunk, table so far) -> dict | None, called
+         after each logged chunk (and once on resume, on the table restored); when it returns a
+         decision the run writes its final checkpoint / table, records the decision, returns the
+         table, and a later rerun returns that table without training more (sweep/early_stop.py).
+         Kinds that cannot are refused by a spec's `early_stop:`.
     """
     name: str
     config_cls: Callable[[], type]
@@ -42,6 +47,7 @@ class TrialKind:
     check: Callable[[dict], None] = lambda config: None
     uses_jax: bool = True
     packable: Callable[[], tuple] | None = None
+    stoppable: bool = False
 
 
 def known() -> list[str]:

@@ -33,18 +33,18 @@ def _packable(agent: str) -> tuple:
 
 
 def _run(agent: str, config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False,
-         checkpoint_every: int = 1, seed_configs=None):
+         checkpoint_every: int = 1, seed_configs=None, stop=None):
     from scaling_rl import agents, train
     cfg = agents.get(agent).Config.from_dict(config)
     return train.run(agent, cfg, out_dir, seeds, seed=seed, wandb=wandb, progress=False,
-                     checkpoint_every=checkpoint_every, seed_configs=seed_configs)
+                     checkpoint_every=checkpoint_every, seed_configs=seed_configs, stop=stop)
 
 
 def _kind(agent: str) -> TrialKind:
     return TrialKind(name=agent, config_cls=functools.partial(_config_cls, agent),
                      run=functools.partial(_run, agent),
                      param_count=functools.partial(_param_count, agent), check=_check,
-                     packable=functools.partial(_packable, agent))
+                     packable=functools.partial(_packable, agent), stoppable=True)
 
 
 SAC = _kind("sac")

@@ -4,6 +4,11 @@ Every backend ends up in `worker_loop` (local pool, inline) or `run_claimed` (on
 element, one ray task). Workers need no coordinator: they walk the trial list, take whatever they
 can lock, and stop when every trial of the run is finished, so any number of runners (a second
 `sweep run`, a requeued slurm job) can work on one store at the same time.
+
+With `RunOptions.early_stop` (a `sweep.early_stop.Rule`) the trial kind's run gets a `stop` callable
+that ends it once the rule fires; the trial is still `done`, with `stopped_early` (reason or None),
+`stop_step`, `budget_env_steps`, `saved_env_steps`, `saved_flops` and `early_stop` (the decision) in
+its status.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from scaling_rl.errors import one_line
-from scaling_rl.sweep import packing, registry
+from scaling_rl.sweep import early_stop, packing, registry
 from scaling_rl.sweep.registry import trial_param_count
 from scaling_rl.sweep.store import FINISHED, HOST, Claim, Store, _now
 
@@ -37,6 +42,7 @@ class RunOptions:
     compile_cache: Any = False           # directory | False
     gpu_mem_fraction: float | None = None
     pack: bool = False
+    early_stop: Any = None               # sweep.early_stop.Rule | None
 
 
 # ---- per-process set-up ----------------------------------------------------------------------
@@ -111,12 +117,23 @@ def run_claimed(store: Store, claim: Claim, opts: RunOptions) -> str:
     attempts = int(st.get("attempts", 0)) + 1
     store.write_status(claim, "running", started=st.get("started") or _now(), attempt_started=_now(),
                        attempts=attempts, error=None)
+    watcher = None
+    extra = {}
     try:
+        if opts.early_stop is not None:
+            if not kind.stoppable:   # refused at spec time; never ignore a rule silently
+                raise ValueError(f"early_stop: agent {trial.agent!r} cannot stop a trial early")
+            watcher = early_stop.Watcher(opts.early_stop, early_stop.budget_of(trial.config), tdir)
+            extra["stop"] = watcher
         t_run = time.time()
-        kind.run(trial.config, str(tdir), trial.seeds, trial.seed,
-                 wandb=_wandb_arg(opts, tid, trial, tdir), checkpoint_every=opts.checkpoint_every)
+        df = kind.run(trial.config, str(tdir), trial.seeds, trial.seed,
+                      wandb=_wandb_arg(opts, tid, trial, tdir), checkpoint_every=opts.checkpoint_every, **extra)
         run_s = time.time() - t_run
         n_params = trial_param_count(kind, trial.config, tdir)
+        stop_fields = {}
+        if watcher is not None:
+            stop_fields = early_stop.status_fields(watcher.final(df), watcher.budget, trial.seeds,
+                                                   trial.config, n_params)
     except KeyboardInterrupt:
         store.write_status(claim, "pending", error="interrupted")
         raise
@@ -133,7 +150,7 @@ def run_claimed(store: Store, claim: Claim, opts: RunOptions) -> str:
                            wall_s=round(time.time() - t0, 3))
         return "failed"
     store.write_status(claim, "done", finished=_now(), param_count=n_params,
-                       wall_s=round(time.time() - t0, 3), run_s=round(run_s, 3))
+                       wall_s=round(time.time() - t0, 3), run_s=round(run_s, 3), **stop_fields)
     return "done"
 
 

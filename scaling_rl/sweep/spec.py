@@ -21,6 +21,16 @@ A spec is plain YAML::
     pack: false                      # trials differing only in seed / packable hyper-parameters
                                      # (the agent's PACKABLE: lr, ...) run as one vmapped program
     checkpoint_every: 1              # chunks between checkpoints
+    early_stop:                      # optional (sweep/early_stop.py): end a trial once its D_J is settled
+      metric: eval_return            #   the logged metric the thresholds are in
+      thresholds: [100, 200]         #   the study's J, ascending (required)
+      margin: 0.0                    #   stop when every seed's isotonic curve (and the seed mean's)
+      patience: 1                    #   is >= J_top + margin at its last `patience` logged points
+      unreachable: false             #   also stop (as censored) trials that cannot reach J_low:
+      min_fraction: 0.5              #   judged from min_fraction * budget on, by extrapolating the
+      rate_factor: 2.0               #   steepest rise per log env step so far x rate_factor (>= 1)
+                                     # stopped trials stay `done` and record stopped_early, stop_step,
+                                     # saved_env_steps, saved_flops; kinds that cannot stop are refused
 
 Axes may name any field of the agent's `Config`, plus `seed` (the first seed of a trial, so
 `grid: {seed: [0, 1, 2]}` gives three trials of `seeds` seeds each). Every resolved trial is

@@ -3,7 +3,8 @@
 It "trains" for `chunks` chunks of `chunk_seconds` each, appends one row per seed and chunk to
 `metrics.parquet` (written atomically: the table is its own checkpoint, so a rerun resumes after
 the last complete chunk), records every execution in `executions.log`, and can be told to diverge
-or fail at a given chunk.
+or fail at a given chunk. `stop` (early stopping, sweep/early_stop.py) is asked after every chunk but
+the last, and once on resume: when it answers, the table so far is written and returned.
 
 `env: toy/law` is a simulated scaling study with a known answer: the return curve of seed s is
 R(t / w_s) of `scaling.synthetic.Truth` (its D_J(σ, N) law, σ = utd, N = width²·depth = the trial's
@@ -111,7 +112,7 @@ def curve(cfg: Config, seed: int, chunk: int) -> float:
 
 
 def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, checkpoint_every=1,
-        seed_configs=None):
+        seed_configs=None, stop=None):
     import pandas as pd
     from scaling_rl.io import atomic_write_parquet
 
@@ -129,6 +130,9 @@ def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, check
     start = 0 if df.empty else int(df["chunk"].max()) + 1
     ends = cfg.chunk_ends
     law = ([law_curve(c, seed * seeds + s) for s, c in enumerate(per_seed)] if cfg.env == "toy/law" else None)
+    # a resumed run asks `stop` again on the table it restored: a stopped run stays stopped
+    if stop is not None and start and start < cfg.num_chunks and stop(start - 1, df):
+        return df
     for chunk in range(start, cfg.num_chunks):
         if chunk == cfg.fail_at_chunk:
             raise RuntimeError(f"toy failure at chunk {chunk}")
@@ -143,11 +147,14 @@ def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, check
                  "eval_return": ret[s], "loss/critic": 1.0 / (chunk + 1)}
                 for s in range(seeds)]
         df = pd.concat([df, pd.DataFrame(rows)], ignore_index=True)
-        if (chunk + 1) % checkpoint_every == 0 or chunk + 1 == cfg.num_chunks:
+        stopped = stop is not None and chunk + 1 < cfg.num_chunks and stop(chunk, df)
+        if stopped or (chunk + 1) % checkpoint_every == 0 or chunk + 1 == cfg.num_chunks:
             atomic_write_parquet(path, df)
+        if stopped:
+            return df
     return df
 
 
 TOY = TrialKind(name="toy", config_cls=lambda: Config, run=run,
                 param_count=lambda c: int(c["width"]) ** 2 * int(c["depth"]), uses_jax=False,
-                packable=lambda: ("lr",))
+                packable=lambda: ("lr",), stoppable=True)
