@@ -61,7 +61,7 @@ def run_sweep(spec: Spec, *, backend: str | None = None, workers: int | None = N
     opts = RunOptions(root=str(spec.out_dir), trial_ids=tuple(t.id for t in spec.trials),
                       sweep_name=spec.name, wandb=spec.wandb, checkpoint_every=spec.checkpoint_every,
                       compile_cache=spec.compile_cache, gpu_mem_fraction=frac,
-                      pack=spec.pack)
+                      pack=spec.pack, early_stop=spec.early_stop)
     if backend == "local":
         backends.run_local(opts, workers, progress=progress)
     elif backend == "slurm":
