@@ -231,18 +231,25 @@ def _band(fitted: Fitted, x: dict, group: str | None) -> dict:
 
 # ---- the pipeline -------------------------------------------------------------------------------
 
-def analyze(cs: CurveSet, settings: Settings | None = None, progress: Callable[[str], None] | None = None) -> dict:
-    """Run the full analysis on a curve set; returns the fit.json content."""
+def analyze(cs: CurveSet, settings: Settings | None = None, progress: Callable[[str], None] | None = None,
+            capture: dict | None = None) -> dict:
+    """Run the full analysis on a curve set; returns the fit.json content.
+
+    `capture` (a dict, filled in place) receives what the JSON leaves out, for callers that reason
+    about the replicates themselves (the adaptive sweep design): "de" (DataEfficiency), "reps"
+    (Replicates), "laws" {(task, j): the allocation's law — kind, point and per-replicate full
+    parameters, fixed axes, scope}, "optima" {(task, j): point optimum and per-replicate optima},
+    "budget_laws" {(task, target): estimate, per-replicate exponent s, scope}."""
     settings = settings or Settings()
     settings.validate()
     say = progress or (lambda msg: None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return _analyze(cs, settings, say)
+        return _analyze(cs, settings, say, {} if capture is None else capture)
 
 
 @fitting.single_threaded_blas
-def _analyze(cs: CurveSet, st: Settings, say) -> dict:
+def _analyze(cs: CurveSet, st: Settings, say, capture: dict) -> dict:
     say("data efficiency (bootstrap over seeds)")
     de = data_efficiency(cs, st.thresholds, n_thresholds=st.n_thresholds, spacing=st.spacing,
                          normalize=st.normalize, n_bootstrap=st.n_bootstrap, seed=st.seed,
@@ -250,6 +257,7 @@ def _analyze(cs: CurveSet, st: Settings, say) -> dict:
     table = de.group_table(st.level)
     notes = list(de.notes)
     reps = _replicates(de, st, notes)
+    capture.update(de=de, reps=reps, laws={}, optima={}, budget_laws={})
     tasks = sorted(table["task"].unique())
     levels = {f: sorted(float(v) for v in set(de.configs[f]) if np.isfinite(v))
               for f in ("utd", "param_count", "batch_size", "lr")}
@@ -275,7 +283,8 @@ def _analyze(cs: CurveSet, st: Settings, say) -> dict:
         say("held-out extrapolation")
         out["extrapolation"] = _extrapolation(de, st, tasks, out["model_selection"])
     say("compute-optimal allocation")
-    out["allocation"] = _allocation(de, table, st, reps, tasks, de_fits, sigma_fits, hp, out, notes, finalize)
+    out["allocation"] = _allocation(de, table, st, reps, tasks, de_fits, sigma_fits, hp, out, notes, finalize,
+                                    capture)
     say("intervals")
     for fn in finalize:  # every fit has registered its failures: intervals use replicates ok everywhere
         fn()
@@ -702,7 +711,7 @@ QUANTITIES = ("sigma", "N", "B", "D", "C", "F")
 
 
 def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks: list[str], de_fits: dict,
-                sigma_fits: dict, hp: dict, out: dict, notes: list, finalize: list) -> dict:
+                sigma_fits: dict, hp: dict, out: dict, notes: list, finalize: list, capture: dict) -> dict:
     res: dict = {"per_threshold": [], "power_laws": [], "batch_models": {}, "extrapolate": st.extrapolate}
     n_levels = out["levels"]["param_count"]
     if not n_levels:
@@ -761,6 +770,11 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
                               fitted.scope)
             row["scope"] = fitted.scope
             row["_samples"] = samples
+            capture["laws"][(t, j)] = {"kind": kind, "point": p, "fixed": fixed, "scope": fitted.scope,
+                                       "batch": bm, "delta": delta, "box": box,
+                                       "reps": [None if q is None else _full_params(q, kind)
+                                                for q in fitted.replicate_params(key)]}
+            capture["optima"][(t, j)] = {"point": opt, "reps": samples, "scope": fitted.scope, "row": row}
             row["sigma_only"] = row["N_only"] = None
             rows.append(row)
         if not rows:
@@ -780,7 +794,7 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
             _later(finalize, row, lambda row=row: {"intervals": _optimum_intervals(row, reps)})
         finalize.append(lambda rows=rows: [r.pop("_samples", None) for r in rows])  # after their intervals
         res["per_threshold"].extend(rows)
-        res["power_laws"].extend(_budget_laws(t, rows, reps, st, finalize))
+        res["power_laws"].extend(_budget_laws(t, rows, reps, st, finalize, capture))
     return res
 
 
@@ -852,7 +866,8 @@ def _optimum_intervals(row: dict, reps: Replicates) -> dict:
     return res
 
 
-def _budget_laws(t: str, rows: list[dict], reps: Replicates, st: Settings, finalize: list) -> list[dict]:
+def _budget_laws(t: str, rows: list[dict], reps: Replicates, st: Settings, finalize: list,
+                 capture: dict | None = None) -> list[dict]:
     """D*(F), C*(F), σ*(F), N*(F) across thresholds: log-linear least squares on (F*_j, target_j) for the
     point and for every replicate b on its own optima (aligned: replicate b of every threshold)."""
     out = []
@@ -890,6 +905,8 @@ def _budget_laws(t: str, rows: list[dict], reps: Replicates, st: Settings, final
                if n_edge > fitting.MAX_FAIL * reps.K else None)
         rec["n_replicates_on_edge"] = n_edge
         sc = interior[0]["scope"]
+        if capture is not None:
+            capture["budget_laws"][(t, target)] = {"estimate": s_, "reps": reps_s, "scope": sc, "why": why}
         # A (the value at F = 1 FLOP) is an extrapolation far outside the data; the value at the fitted
         # optima's geometric-mean budget F_ref is what the data determine, so the report shows that.
         lref = float(np.mean(np.log(F)))

@@ -19,14 +19,16 @@ __all__ = ["Spec", "SpecError", "Store", "Trial", "collect", "load_spec", "parse
            "prepare", "run_sweep", "status_summary", "trial_id"]
 
 
-def prepare(spec: Spec, *, retry_diverged: bool = False) -> Store:
+def prepare(spec: Spec, *, retry_diverged: bool = False, trials=None) -> Store:
     """Create the store's trial directories (existing ones are kept) and make failed trials
-    (and diverged ones when asked) pending again, so a rerun retries them."""
+    (and diverged ones when asked) pending again, so a rerun retries them. `trials`: a subset of
+    the spec's (an adaptive study's proposals so far); default all."""
+    trials = spec.trials if trials is None else tuple(trials)
     store = Store(spec.out_dir)
-    store.add(spec.trials)
-    store.write_sweep_record(spec.raw, [t.id for t in spec.trials])
+    store.add(trials)
+    store.write_sweep_record(spec.raw, [t.id for t in trials])
     retry = ("failed", "diverged") if retry_diverged else ("failed",)
-    for t in spec.trials:
+    for t in trials:
         st = store.status(t.id)
         if st.get("state") not in retry:
             continue
@@ -44,8 +46,10 @@ def prepare(spec: Spec, *, retry_diverged: bool = False) -> Store:
 
 def run_sweep(spec: Spec, *, backend: str | None = None, workers: int | None = None,
               progress: bool = True, retry_diverged: bool = False, ray_address: str | None = None,
-              wait: bool = True) -> dict:
-    """Run every unfinished trial of `spec` on a backend; returns `status_summary` of the store."""
+              wait: bool = True, trials=None) -> dict:
+    """Run every unfinished trial of `spec` (or of `trials`, a subset) on a backend; returns
+    `status_summary` of the store. A spec with `adaptive:` is run round by round by
+    `sweep.adaptive.run_adaptive` instead (`scaling-rl sweep run` does that)."""
     from scaling_rl.sweep import backends
     from scaling_rl.sweep.runner import RunOptions
 
@@ -57,8 +61,9 @@ def run_sweep(spec: Spec, *, backend: str | None = None, workers: int | None = N
         frac = round(0.95 / workers, 3)   # several trials share a GPU: split its memory
     from scaling_rl.sweep import memory
     memory.check_spec(spec, backend)   # a trial that cannot fit: refuse before anything is written
-    prepare(spec, retry_diverged=retry_diverged)
-    opts = RunOptions(root=str(spec.out_dir), trial_ids=tuple(t.id for t in spec.trials),
+    trials = spec.trials if trials is None else tuple(trials)
+    prepare(spec, retry_diverged=retry_diverged, trials=trials)
+    opts = RunOptions(root=str(spec.out_dir), trial_ids=tuple(t.id for t in trials),
                       sweep_name=spec.name, wandb=spec.wandb, checkpoint_every=spec.checkpoint_every,
                       compile_cache=spec.compile_cache, gpu_mem_fraction=frac,
                       pack=spec.pack, early_stop=spec.early_stop)

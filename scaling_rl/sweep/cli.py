@@ -20,12 +20,20 @@ def _cmd_run(args) -> int:
     from scaling_rl.sweep import memory
     try:
         spec = load_spec(args.spec, out_dir=args.out)
+        if args.adaptive and spec.adaptive is None:   # the spec's grid as candidates, default design
+            import dataclasses
+
+            from scaling_rl.sweep import adaptive
+            spec = dataclasses.replace(spec, adaptive=adaptive.from_spec(
+                True, trials=spec.trials, early_stop=spec.early_stop, seeds=spec.trials[0].seeds))
+        if spec.adaptive is not None and args.backend == "slurm" and args.no_wait:
+            raise SpecError("--no-wait: an adaptive study fits between rounds, so it waits for each round")
         memory.check_spec(spec, args.backend)  # a trial that cannot fit: refuse before any write
     except SpecError as e:
         raise _usage(str(e)) from None
     except ValueError as e:  # e.g. an unreadable $SCALING_RL_MEMORY_BUDGET
         raise _usage(" ".join(str(e).split())) from None
-    if args.dry_run:
+    if args.dry_run and spec.adaptive is None:
         from rich.console import Console
         from rich.table import Table
         axes = sorted({k for t in spec.trials for k in t.axes})
@@ -39,6 +47,8 @@ def _cmd_run(args) -> int:
             table.add_row(t.id, *(str(t.axes.get(a, "")) for a in axes))
         console.print(table)
         return 0
+    if spec.adaptive is not None:
+        return _run_adaptive(spec, args)
     summary = run_sweep(spec, backend=args.backend, workers=args.workers, progress=not args.no_progress,
                         retry_diverged=args.retry_diverged, ray_address=args.ray_address,
                         wait=not args.no_wait)
@@ -47,6 +57,26 @@ def _cmd_run(args) -> int:
           + f" -> {spec.out_dir}" + ("" if not (c["pending"] or c["running"]) else
                                      f" (eta {format_eta(summary['eta_s'])})"))
     return 0 if c["failed"] == 0 else 1
+
+
+def _run_adaptive(spec, args) -> int:
+    """Round by round (resumable): run the proposals, fit, propose; figures and state in <out>/adaptive."""
+    from scaling_rl.sweep import adaptive, adaptive_plots
+
+    if args.dry_run:
+        cells = adaptive.initial_cells(spec.adaptive, adaptive.cells_of(spec.trials))
+        print(f"{spec.name}: adaptive study over {len(spec.trials)} candidate trials; initial design "
+              f"{len(cells)} cells: " + ", ".join(f"(σ={c.sigma:g}, N={c.N:.4g})" for c in cells))
+        return 0
+    state = adaptive.run_adaptive(spec, backend=args.backend, workers=args.workers, progress=not args.no_progress,
+                                  retry_diverged=args.retry_diverged, ray_address=args.ray_address)
+    cells = [c.key for c in adaptive.cells_of(spec.trials)]
+    figs = adaptive_plots.write_figures(spec.out_dir, state, candidates=cells)
+    last = state["rounds"][-1]
+    print(f"adaptive {spec.name}: {len(state['rounds'])} round(s), {last['fit']['trials']} trials, "
+          f"{last['fit']['flops']:.3g} FLOPs, {last['fit']['env_steps']:.3g} env steps; {last['decision']} -> "
+          f"{spec.out_dir}/adaptive ({', '.join(p.name for p in figs)})")
+    return 0
 
 
 def _store_dir(path: str) -> Path:
@@ -137,6 +167,9 @@ def register(subparsers) -> None:
     r.add_argument("--retry-diverged", action="store_true", help="rerun diverged trials too")
     r.add_argument("--no-wait", action="store_true", help="slurm: submit and return")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--adaptive", action="store_true",
+                   help="run the spec's grid as an adaptive study (default design; see sweep.adaptive); "
+                        "a spec with an `adaptive:` block is always run adaptively")
     r.set_defaults(func=_cmd_run)
 
     s = sub.add_parser("status", help="counts per status and ETA of a sweep directory")
