@@ -34,7 +34,7 @@ MAX_SIZES = 6        # model sizes shown per task (evenly picked beyond that)
 CAP = 3.0            # interval ends further than this factor outside the data do not widen the axes
 
 
-def _tidy_log_axes(fig) -> None:
+def tidy_log_axes(fig) -> None:
     """No labels on minor log ticks (they collide); on axes spanning under two decades, label 1-2-5
     multiples in plain notation instead, and on axes spanning under a factor 4, evenly spaced values.
     Axes given fixed ticks (the sweep's levels) keep them."""
@@ -60,7 +60,7 @@ def _tidy_log_axes(fig) -> None:
 def _save(fig, out_dir: Path, name: str) -> list[str]:
     if fig is None:
         return []
-    _tidy_log_axes(fig)
+    tidy_log_axes(fig)
     paths = []
     for ext in ("png", "pdf"):
         path = out_dir / f"{name}.{ext}"
@@ -410,7 +410,7 @@ def draw_data_efficiency_sigma(fit: dict):
         fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles),
                    frameon=False)
     fig.suptitle("Data efficiency vs UTD: " + (formula or "D_J(σ) = D_min + (β/σ)^α"), y=1.0)
-    _tidy_log_axes(fig)
+    tidy_log_axes(fig)
     fig.tight_layout(rect=(0, 0.03 if not (shared_j or not by_row) else 0, 1, 1))
     return fig
 
@@ -495,7 +495,7 @@ def draw_hparams(fit: dict):
     if K > 1:
         handles.append(Line2D([], [], color="grey", ls="--", label=f"extrapolated (≤ ×{K:g})"))
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    _tidy_log_axes(fig)
+    tidy_log_axes(fig)
     fig.tight_layout()
     return fig
 
@@ -673,7 +673,7 @@ def draw_contours(fit: dict):
         _level_ticks(ax, n_lv, "y")
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, framealpha=0.85,
                   fontsize=7, title=f"{task}, δ = {_fmt(_num(al.get('delta')))} FLOPs/step", title_fontsize=7)
-    _tidy_log_axes(fig)
+    tidy_log_axes(fig)
     fig.tight_layout()
     return fig
 
@@ -772,7 +772,7 @@ def draw_pareto(fit: dict):
     if K > 1:
         handles.append(Line2D([], [], color="grey", ls="--", label=f"frontier beyond the sweep (≤ ×{K:g})"))
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    _tidy_log_axes(fig)
+    tidy_log_axes(fig)
     fig.tight_layout()
     return fig
 
@@ -878,7 +878,7 @@ def draw_budget_scaling(fit: dict):
         if span:
             for ax in axes[r_i]:
                 ax.set_xlim(*span)
-    _tidy_log_axes(fig)
+    tidy_log_axes(fig)
     fig.tight_layout()
     return fig
 
@@ -932,7 +932,7 @@ def draw_extrapolation(fit: dict):
         lab = {"param_count": "largest N", "utd": "largest σ"}.get(name, str(name))
         ax.set_title(f"held out: {lab}" + (f"; mean |log err| = {np.mean(errs):.3f}" if errs else ""))
         ax.legend(fontsize=7, framealpha=0.85)
-    _tidy_log_axes(fig)
+    tidy_log_axes(fig)
     fig.tight_layout()
     return fig
 

@@ -30,15 +30,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from ..io import atomic_savefig  # noqa: E402
+from ..scaling.plots import MARKERS, STYLE, tidy_log_axes  # noqa: E402  (one house style)
 
-STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 8,
-         "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.5}   # as scaling.plots
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 MAX_LEGEND_ROUNDS = 10   # more rounds than this: a discrete colorbar instead of a legend
 TOP = 0.94               # axes fraction where "no interval" markers sit
 DPI = 150
@@ -132,27 +130,6 @@ def _level_ticks(axis, levels) -> None:
     if 1 <= len(lv) <= 8:
         axis.set_major_locator(FixedLocator(lv))
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
-
-
-def _tidy_log_axes(fig) -> None:
-    """As scaling.plots: no labels on minor log ticks; on log axes spanning under 2.5 decades label
-    1-2-5 multiples (under a factor 4: evenly spaced values) plainly. Fixed (level) ticks are kept."""
-    fmt = FuncFormatter(lambda v, _: f"{v:.3g}")
-    for ax in fig.axes:
-        for axis, lim in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
-            if axis.get_scale() != "log":
-                continue
-            axis.set_minor_formatter(NullFormatter())
-            if isinstance(axis.get_major_locator(), FixedLocator):
-                continue
-            lo, hi = sorted(lim)
-            if lo > 0 and hi / lo < 4:
-                ticks = [t for t in MaxNLocator(4).tick_values(lo, hi) if lo <= t <= hi and t > 0]
-                axis.set_major_locator(FixedLocator(ticks))
-                axis.set_major_formatter(fmt)
-            elif lo > 0 and math.log10(hi / lo) < 2.5:
-                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-                axis.set_major_formatter(fmt)
 
 
 def _min_log_step(levels) -> float:
@@ -282,7 +259,7 @@ def draw_rounds(state: dict | None, *, candidates=None):
     if n_bad:
         title += f" ({n_bad} proposal{'s' * (n_bad != 1)} without σ/N not drawn)"
     fig.suptitle(title, y=1.0)
-    _tidy_log_axes(fig)
+    tidy_log_axes(fig)
     if len(rounds_all) <= MAX_LEGEND_ROUNDS:
         fig.tight_layout()
     return fig
@@ -411,7 +388,7 @@ def draw_widths(state: dict | None, tolerance=None):
     decision = next((r.get("decision") for r in reversed(_rounds(state)) if r.get("decision")), None)
     ax.set_title(f"Interval width vs compute ({len(rows)} fitted round{'s' * (len(rows) != 1)}"
                  + (f"; {decision}" if decision else "") + ")")
-    _tidy_log_axes(fig)
+    tidy_log_axes(fig)
     fig.tight_layout()
     return fig
 
@@ -470,7 +447,7 @@ def draw_comparison(rows: Sequence[dict], tolerance=None):
     if handles:
         fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, title="design")
     fig.suptitle("Adaptive vs grid: interval width vs compute", y=1.0)
-    _tidy_log_axes(fig)
+    tidy_log_axes(fig)
     fig.tight_layout()
     return fig
 
