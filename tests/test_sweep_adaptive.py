@@ -230,3 +230,17 @@ def test_cli_adaptive_flag_needs_thresholds(tmp_path):
     r = subprocess.run([sys.executable, "-m", "scaling_rl.cli", "sweep", "run", str(p), "--dry-run"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "initial design 9 cells" in r.stdout and not (tmp_path / "s").exists()
+
+
+def test_widths_before_any_budget_law_name_both_exponents_and_say_why(tmp_path):
+    design = parse_spec(spec_dict(tmp_path / "s")).adaptive
+    fit = {"tasks": ["t"], "allocation": {"power_laws": []},
+           "model_selection": {"t": {"chosen": "data_efficiency_constant"}}}
+    w = ad.target_widths(fit, design, {})
+    assert set(w) == {"t:sigma*(F) exponent", "t:N*(F) exponent"}
+    assert all(v["width"] == float("inf") and "model selection prefers" in v["reason"] for v in w.values())
+    fit["allocation"]["power_laws"] = [{"task": "t", "target": "sigma", "params": {"s": {
+        "estimate": 0.1, "lo": 0.05, "hi": 0.2}}}, {"task": "t", "target": "N", "skipped": "needs optima"}]
+    w = ad.target_widths(fit, design, {})
+    assert w["t:sigma*(F) exponent"]["width"] == pytest.approx(0.15)
+    assert w["t:N*(F) exponent"]["width"] == float("inf") and w["t:N*(F) exponent"]["reason"] == "needs optima"

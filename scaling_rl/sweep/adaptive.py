@@ -329,13 +329,16 @@ def target_widths(fit: dict, design: Design, cap: dict) -> dict:
             w = (s["hi"] - s["lo"]) if s.get("lo") is not None else math.inf
             out[name] = {"estimate": s["estimate"], "lo": s.get("lo"), "hi": s.get("hi"), "width": w,
                          "reason": s.get("reason")}
-        tasks = fit.get("tasks", [])
-        for t in tasks:   # a task without budget laws yet: its exponents are not determined
+        for t in fit.get("tasks", []):   # a task without budget laws yet: its exponents are not determined
+            if any(k.startswith(f"{t}:") for k in out):
+                continue
+            sel = fit.get("model_selection", {}).get(t, {}).get("chosen")
+            why = ("no budget law yet: model selection prefers a law without that effect (more σ×N cells needed)"
+                   if sel not in (None, "data_efficiency_sigma_n") else
+                   "no budget law yet (needs optima inside the swept box at >= 3 thresholds)")
             for ax in ("sigma", "N"):
-                name = f"{t}:{ax}*(F) exponent"
-                if name not in out and not any(k.startswith(f"{t}:") for k in out):
-                    out[name] = {"estimate": None, "lo": None, "hi": None, "width": math.inf,
-                                 "reason": "no budget law yet (needs interior optima at >= 3 thresholds)"}
+                out[f"{t}:{ax}*(F) exponent"] = {"estimate": None, "lo": None, "hi": None, "width": math.inf,
+                                                 "reason": why}
     else:
         reps = cap.get("reps")
         for key in design.points:
@@ -539,7 +542,7 @@ def _space_filling(design: Design, cells, counts, cost, budget_left) -> list[dic
 
 
 # ---- compute accounting --------------------------------------------------------------------------
-def spent(table, spec, trials: Sequence[Trial], delta: float) -> dict:
+def spent(table, trials: Sequence[Trial], delta: float) -> dict:
     """Env steps and FLOPs (F = C + δ·D) spent by `trials`: each trial's seeds × the last env step it ran."""
     by_id = {t.id: t for t in trials}
     cells = {t.id: _param_count(t) for t in trials}
@@ -594,7 +597,7 @@ def run_adaptive(spec, *, backend: str | None = None, workers: int | None = None
         fit, cap, table = fit_round(spec, design, trials, delta, progress=fit_progress)
         atomic_write_json(Path(spec.out_dir) / "adaptive" / f"round_{r}" / "fit.json", report.jsonable(fit))
         widths = target_widths(fit, design, cap)
-        used = spent(table, spec, trials, delta)
+        used = spent(table, trials, delta)
         counts: dict = {}
         for rr in state["rounds"]:
             for p in rr["proposals"]:
