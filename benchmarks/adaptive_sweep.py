@@ -11,9 +11,10 @@ width W (`--width`). Compute = Σ over trials and seeds of env steps run × (10�
 
 Per repetition (its own seeds):
   grid        every cell at the full budget with S seeds, S the smallest of 3, 4, 6, 8 whose
-              intervals are both narrower than W (seeds 0..S-1 of one 8-seed grid: the same draws);
-  grid + ES   the same S-seed grid with threshold-aware early stopping (a trial stops once all its
-              seeds' isotonic curves pass the top threshold + margin);
+              intervals are both narrower than W (8 if none is);
+  grid + ES   the same S-seed grid (the same seeds, so the same curves up to the stop) with
+              threshold-aware early stopping (a trial stops once all its seeds' isotonic curves, and
+              their mean's, pass the top threshold + margin);
   adaptive    `adaptive:` design (3×3 initial cells, 3 trials of 4 seeds per round, stop at width W)
               with early stopping.
 Coverage: how often the final 90% intervals contain the true exponents (the same log-linear budget
@@ -23,6 +24,7 @@ law fitted to the true optima at the same thresholds, box and δ). The last line
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import time
@@ -88,10 +90,9 @@ def covers(iv, truth: float) -> bool:
     return iv is not None and iv[1] is not None and iv[1] <= truth <= iv[2]
 
 
-def compute_of(table, delta: float, seeds_below: int | None = None) -> tuple[float, float]:
+def compute_of(table, delta: float) -> tuple[float, float]:
     from scaling_rl.scaling.allocation import FLOPS_FACTOR
-    t = table if seeds_below is None else table[table["seed_index"] < seeds_below]
-    last = t.groupby(["trial_id", "seed_index"]).agg(steps=("env_steps", "max"), N=("param_count", "first"),
+    last = table.groupby(["trial_id", "seed_index"]).agg(steps=("env_steps", "max"), N=("param_count", "first"),
                                                     utd=("utd", "first"), B=("batch_size", "first"))
     fl = last["steps"] * (FLOPS_FACTOR * last["N"] * last["B"] * last["utd"] + delta)
     return float(last["steps"].sum()), float(fl.sum())
@@ -119,16 +120,12 @@ def one_rep(root: Path, rep: int, W: float, n_bootstrap: int, delta: float, trut
     seed0 = 1000 * (rep + 1)
     res = {}
     t0 = time.time()
-    table = run_grid(root / f"grid_{rep}", max(SEED_LEVELS), seed0, early_stop=False)
-    chosen = None
-    for S in SEED_LEVELS:
-        fit = fit_table(table[table["seed_index"] < S], delta, n_bootstrap)
-        iv = fit_widths(fit)
-        if all(width(iv.get(ax)) <= W for ax in ("sigma", "N")) or S == max(SEED_LEVELS):
-            chosen = (S, iv)
+    for S in SEED_LEVELS:   # the smallest grid (seeds per cell) that reaches W
+        table = run_grid(root / f"grid_{rep}", S, seed0, early_stop=False)
+        iv = fit_widths(fit_table(table, delta, n_bootstrap))
+        if all(width(iv.get(ax)) <= W for ax in ("sigma", "N")):
             break
-    S, iv = chosen
-    env, fl = compute_of(table, delta, seeds_below=S)
+    env, fl = compute_of(table, delta)
     res["grid"] = {"seeds": S, "env_steps": env, "flops": fl, "iv": iv, "reached": all(
         width(iv.get(ax)) <= W for ax in ("sigma", "N")), "wall": time.time() - t0}
     t0 = time.time()
@@ -144,7 +141,6 @@ def one_rep(root: Path, rep: int, W: float, n_bootstrap: int, delta: float, trut
         "thresholds": THRESHOLDS, "tolerance": W, "n_bootstrap": n_bootstrap, "batch": 3, "max_rounds": 12,
         "delta": delta}))
     state = run_adaptive(spec, progress=False, say=lambda m: None)
-    import json
     last = state["rounds"][-1]
     fit = json.loads((out / "adaptive" / f"round_{last['round']}" / "fit.json").read_text())
     iv = fit_widths(fit)
@@ -194,13 +190,22 @@ def main() -> None:
                     f"{sum(r[name]['covers']['sigma'] for r in reps)}/{len(reps)}",
                     f"{sum(r[name]['covers']['N'] for r in reps)}/{len(reps)}",
                     f"{np.median([r[name]['wall'] for r in reps]):.1f}")
-    Console().print(tab)
+    Console(width=150).print(tab)
+    from scaling_rl.sweep import adaptive_plots
+    rows = [{"design": label, "flops": r[name]["flops"],
+             "widths": {ax: width(r[name]["iv"].get(ax)) for ax in ("sigma", "N")}}
+            for r in reps for name, label in (("grid", "full grid"), ("grid_es", "grid + early stopping"),
+                                              ("adaptive", "adaptive + early stopping"))]
+    fig = adaptive_plots.plot_comparison(rows, root / "comparison.png", tolerance=args.width)
+    adaptive_plots.write_figures(root / "adaptive_0")
+    print(f"figures: {fig}, {root / 'adaptive_0' / 'adaptive'}/rounds.png, widths.png")
     es = np.array([r["grid"]["flops"] / r["grid_es"]["flops"] for r in reps])
     ad = np.array([r["grid"]["flops"] / r["adaptive"]["flops"] for r in reps])
     cov_g = np.mean([[r["grid"]["covers"][a] for a in ("sigma", "N")] for r in reps])
     cov_a = np.mean([[r["adaptive"]["covers"][a] for a in ("sigma", "N")] for r in reps])
     print(f"early_stopping_saving_vs_grid={np.median(es):.2f}")
     print(f"coverage_grid={cov_g:.2f} coverage_adaptive={cov_a:.2f}")
+    (root / "reps.json").write_text(json.dumps(reps, indent=1, default=str))
     print(f"compute_saving_vs_grid={np.median(ad):.2f}")
 
 
