@@ -513,197 +513,274 @@ def _first_difference(old: Mapping, new: Mapping) -> str:
 
 def _loop(agent_name, mod, cfg, agent, out: Path, seeds, seed, wandb_opts, progress, checkpoint_every,
           eval_every, on_chunk, seed_hparams=None, stop=None):
-    import jax
-
-    from scaling_rl.checkpoint import Checkpointer
-    from scaling_rl.logging_utils import Progress, WandbLogger
-
-    t_start = time.perf_counter()
-    num_chunks = int(agent.num_chunks)
-    chunk_env_steps = int(getattr(cfg, "chunk_env_steps", 0) or cfg.env_steps // max(num_chunks, 1))
-    do_eval = int(getattr(cfg, "eval_episodes", 1) or 0) > 0 and hasattr(agent, "evaluate")
-    schedule, points = _eval_schedule(cfg)
-    eval_at = set(eval_chunks(num_chunks, schedule=schedule, every=eval_every, points=points,
-                              chunk_env_steps=chunk_env_steps,
-                              offset_env_steps=int(getattr(cfg, "warmup_env_steps", 0) or 0)))
-    status_path, metrics_path = out / "status.json", out / "metrics.parquet"
-    title = (f"{agent_name} on {getattr(cfg, 'env', '?')} · width {getattr(cfg, 'width', '?')} "
-             f"depth {getattr(cfg, 'depth', '?')} utd {getattr(cfg, 'utd', '?')} "
-             f"batch {getattr(cfg, 'batch_size', '?')} lr {getattr(cfg, 'lr', '?')} · N={agent.param_count:,}")
-
-    root = jax.random.PRNGKey(seed)
-    seed_keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(seeds, dtype=np.uint32))
-    # traced programs are cached next to the persistent compilation cache (when one is set):
-    # a warm trial skips tracing and lowering as well as XLA compilation
-    cache_dir = program_cache.default_dir() if _program_cacheable(mod, cfg) else None
-    # PACKABLE values (learning rates, weight decay) live in the optimiser state and are set from
-    # an input right after init, so no program depends on them: trials differing only in them
-    # share every program, packed (one program, per-seed values) or one by one
-    packable = getattr(mod, "PACKABLE", ()) or ()
-    if seed_hparams is None and packable and hasattr(mod, "hparams") and agent.set_hparams is not None:
-        seed_hparams = [mod.hparams(cfg)] * seeds
-    if seed_hparams is None:
-        packable = ()
-        init_args = (seed_keys,)
-        init_one = jax.vmap(lambda k: _strip_weak_types(agent.init(k)))
-    else:  # each seed's optimisers get its own hyper-parameters right after init
-        hp = {k: np.asarray([h[k] for h in seed_hparams], np.float32) for k in seed_hparams[0]}
-        init_args = (seed_keys, hp)
-        init_one = jax.vmap(lambda k, h: _strip_weak_types(agent.set_hparams(agent.init(k), h)))
-    key = {"agent": agent_name, "seeds": seeds, "hparams": sorted(seed_hparams[0]) if seed_hparams else None,
-           "config": {k: v for k, v in _config_dict(cfg).items() if k not in packable}}
-    init_prog = program_cache.prepare(init_one, init_args, key={**key, "program": "init"},
-                                      cache_dir=cache_dir)
-
-    def chunk_one(state):
-        state, metrics = agent.chunk(state)
-        return _strip_weak_types(state), metrics
-
-    programs = {"init": init_prog}
-
-    def run_eval(state, keys):
-        if "eval" not in programs:
-            programs["eval"] = program_cache.prepare(jax.vmap(agent.evaluate), (state, keys),
-                                                     key={**key, "program": "eval"}, cache_dir=cache_dir)
-        return programs["eval"](state, keys)
-
-    eval_fn = run_eval if do_eval else None
-
-    def eval_keys(chunk: int):
-        stream = jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, _EVAL_STREAM), chunk))
-        return stream(seed_keys)
-
-    ckpt = Checkpointer(out / "checkpoints", max_to_keep=2)
-    logger = None
-    bar = None
-    rows: list[dict[str, Any]] = []
-    wall_offset = 0.0
+    job = _Run(agent_name, mod, cfg, agent, out, seeds, seed, seed_hparams, checkpoint_every=checkpoint_every,
+               eval_every=eval_every, on_chunk=on_chunk, stop=stop)
     finished = False
-    stopped = None       # the early-stop decision that ended the run, if any
-    end = num_chunks     # chunks run when the run is declared done
     try:
-        start = ckpt.latest_step() or 0
-        if start > num_chunks:
-            raise ConfigError(f"out: checkpoint at chunk {start} is past the run's {num_chunks} chunks")
-        state = None
-        if start:
-            state, meta = ckpt.restore(start, init_prog.out_abstract)
-            rows = [dict(r) for r in meta["rows"]]
-            wall_offset = float(meta.get("wall_time", 0.0))
-        io.atomic_write_json(status_path, {"status": "running", "chunk": start, "num_chunks": num_chunks})
-        if stop is not None and 0 < start < num_chunks and rows:
-            # killed after the decision but before status.json said done: the rule is a pure
-            # function of the table, so asking it again on the restored rows gives the same answer
-            stopped = stop(start - 1, metrics_frame(rows)) or None
-            if stopped is not None:
-                end = start
-        if start < num_chunks and stopped is None:
-            if state is None:
-                state = init_prog(*init_args)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
-                compiled = program_cache.prepare(jax.vmap(chunk_one), (state,), key={**key, "program": "chunk"},
-                                                 cache_dir=cache_dir, donate=True).compile_now()
-            programs["chunk"] = compiled
-            startup_s = time.perf_counter() - t_start
-            if wandb_opts:
-                logger = WandbLogger(wandb_opts, out_dir=str(out), agent=agent_name,
-                                     config=dataclasses.asdict(cfg), seeds=seeds)
-            bar = Progress(progress, total=num_chunks, completed=start,
-                           description=f"{agent_name.rsplit('.', 1)[-1]} ×{seeds}")
-
-            for chunk in range(start, num_chunks):
-                t0 = time.perf_counter()
-                state, metrics = compiled(state)
-                metrics = jax.device_get(metrics)
-                chunk_time = time.perf_counter() - t0
-                if eval_fn is not None and chunk in eval_at:
-                    evaluated = jax.device_get(eval_fn(state, eval_keys(chunk)))
-                    for key, value in evaluated.items():
-                        metrics[key if key.startswith("eval") else f"eval_{key}"] = value
-                eval_time = time.perf_counter() - t0 - chunk_time
-                new_rows = chunk_rows(chunk, metrics, seeds, chunk_env_steps)
-                wall = wall_offset + time.perf_counter() - t_start
-                for r in new_rows:
-                    r.update(wall_time=wall, chunk_time=chunk_time, eval_time=eval_time,
-                             env_steps_per_s=seeds * chunk_env_steps / max(chunk_time, 1e-9))
-                rows.extend(new_rows)
-                df = metrics_frame(rows)
-                io.atomic_write_parquet(metrics_path, df)
-
-                bad = _non_finite(metrics)
-                if bad:
-                    step = max(r["env_steps"] for r in new_rows)
-                    bad_seeds = sorted({s for key in bad for s in range(seeds)
-                                        if not np.all(np.isfinite(np.asarray(metrics[key], np.float64)[s]))})
-                    io.atomic_write_json(status_path, {
-                        "status": "diverged", "step": step, "chunk": chunk, "num_chunks": num_chunks,
-                        "metrics": bad, "seeds": bad_seeds})
-                    _try_plot(df, out / "curve.png", title)
-                    if logger is not None:
-                        logger.log(new_rows)
-                    raise Diverged(step, f"diverged at env step {step}: {', '.join(bad)} non-finite "
-                                         f"(seeds {bad_seeds})")
-
-                if logger is not None:
-                    logger.log(new_rows)
-                last = chunk + 1 == num_chunks
-                if stop is not None and not last:
-                    stopped = stop(chunk, df) or None
-                if last or stopped is not None or (checkpoint_every and (chunk + 1) % checkpoint_every == 0):
-                    # save() first waits for the previous save (raising its errors), then copies
-                    # the state to host and writes in the background while the next chunk runs.
-                    ckpt.save(chunk + 1, state, {"chunk": chunk + 1, "rows": rows, "wall_time": wall,
-                                                 "num_chunks": num_chunks})
-                if not last and stopped is None:
-                    io.atomic_write_json(status_path, {"status": "running", "chunk": chunk + 1,
-                                                       "num_chunks": num_chunks,
-                                                       "env_steps": new_rows[0]["env_steps"]})
-                bar.update(chunk + 1, steps=new_rows[0]["env_steps"],
-                           ret=_nanmean([r.get("episode_return", math.nan) for r in new_rows]),
-                           eval=_nanmean([r.get("eval_return", math.nan) for r in new_rows]),
-                           sps=new_rows[0]["env_steps_per_s"])
-                if on_chunk is not None:
-                    on_chunk(chunk, df)
-                if stopped is not None:
-                    end = chunk + 1
-                    break
-            ckpt.wait()  # the final checkpoint is durable before the run is declared done
-        else:
-            startup_s = 0.0
-
-        df = metrics_frame(rows)
-        if not metrics_path.exists() or start == end:
-            io.atomic_write_parquet(metrics_path, df)
-        _try_plot(df, out / "curve.png", title)
-        summary = _summary(df, {"param_count": int(agent.param_count), "seeds": seeds,
-                                "startup_s": startup_s,
-                                "program_cache": {k: p.status for k, p in programs.items()}})
-        done = {"status": "done", "chunk": end, "num_chunks": num_chunks, "summary": summary}
-        if stopped is not None:
-            done["stopped"] = stopped
-        io.atomic_write_json(status_path, done)
-        if logger is not None:
-            logger.run.summary.update(summary)
+        job.restore()
+        if job.start < job.num_chunks and job.stopped is None:
+            job.train(wandb_opts, progress)
+        df = job.finish()
         finished = True
         return df
     except (Diverged, KeyboardInterrupt):
         raise
     except Exception as e:
         if not isinstance(e, ConfigError):
-            io.atomic_write_json(status_path, {"status": "failed", "error": f"{type(e).__name__}: "
-                                               f"{_one_line(e)}", "num_chunks": num_chunks})
+            job.write_failed(e)
         raise
     finally:
-        if bar is not None:
-            bar.close()
-        if logger is not None:
-            logger.finish(exit_code=0 if finished else 1)
+        job.close(finished)
+
+
+class _Programs:
+    """A run's jitted programs (init, chunk, eval; seed-vmapped), each prepared once, through the
+    program cache when the agent allows it. `built` holds them in the order they were prepared."""
+
+    def __init__(self, agent_name, mod, cfg, agent, seeds, seed, seed_hparams):
+        import jax
+
+        self.agent = agent
+        root = jax.random.PRNGKey(seed)
+        self.seed_keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(seeds, dtype=np.uint32))
+        # traced programs are cached next to the persistent compilation cache (when one is set):
+        # a warm trial skips tracing and lowering as well as XLA compilation
+        self.cache_dir = program_cache.default_dir() if _program_cacheable(mod, cfg) else None
+        # PACKABLE values (learning rates, weight decay) live in the optimiser state and are set from
+        # an input right after init, so no program depends on them: trials differing only in them
+        # share every program, packed (one program, per-seed values) or one by one
+        packable = getattr(mod, "PACKABLE", ()) or ()
+        if seed_hparams is None and packable and hasattr(mod, "hparams") and agent.set_hparams is not None:
+            seed_hparams = [mod.hparams(cfg)] * seeds
+        if seed_hparams is None:
+            packable = ()
+            self.init_args = (self.seed_keys,)
+            init_one = jax.vmap(lambda k: _strip_weak_types(agent.init(k)))
+        else:  # each seed's optimisers get its own hyper-parameters right after init
+            hp = {k: np.asarray([h[k] for h in seed_hparams], np.float32) for k in seed_hparams[0]}
+            self.init_args = (self.seed_keys, hp)
+            init_one = jax.vmap(lambda k, h: _strip_weak_types(agent.set_hparams(agent.init(k), h)))
+        self.key = {"agent": agent_name, "seeds": seeds,
+                    "hparams": sorted(seed_hparams[0]) if seed_hparams else None,
+                    "config": {k: v for k, v in _config_dict(cfg).items() if k not in packable}}
+        self.built = {"init": self._prepare("init", init_one, self.init_args)}
+
+    def _prepare(self, name: str, fn, args, **kw):
+        return program_cache.prepare(fn, args, key={**self.key, "program": name}, cache_dir=self.cache_dir, **kw)
+
+    @property
+    def init(self):
+        return self.built["init"]
+
+    def init_state(self):
+        return self.init(*self.init_args)
+
+    def compile_chunk(self, state):
+        """The chunk program for states like `state` (donated), compiled now."""
+        import jax
+
+        def chunk_one(state):
+            state, metrics = self.agent.chunk(state)
+            return _strip_weak_types(state), metrics
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
+            compiled = self._prepare("chunk", jax.vmap(chunk_one), (state,), donate=True).compile_now()
+        self.built["chunk"] = compiled
+        return compiled
+
+    def evaluate(self, state, chunk: int):
+        """The agent's evaluation of every seed after `chunk`, with keys that depend only on the
+        seed and the chunk (so a resumed run evaluates alike); prepared on first use."""
+        import jax
+
+        stream = jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, _EVAL_STREAM), chunk))
+        keys = stream(self.seed_keys)
+        if "eval" not in self.built:
+            self.built["eval"] = self._prepare("eval", jax.vmap(self.agent.evaluate), (state, keys))
+        return self.built["eval"](state, keys)
+
+    def statuses(self) -> dict[str, Any]:
+        return {k: p.status for k, p in self.built.items()}
+
+
+class _Run:
+    """One call of the host loop: what to run (schedule, programs, checkpointer) and how far it got
+    (train state, rows, the early-stop decision). `_loop` drives it: restore, train, finish; and
+    write_failed / close when that goes wrong or is over."""
+
+    def __init__(self, agent_name, mod, cfg, agent, out: Path, seeds, seed, seed_hparams, *,
+                 checkpoint_every, eval_every, on_chunk, stop):
+        from scaling_rl.checkpoint import Checkpointer
+
+        self.t_start = time.perf_counter()
+        self.agent_name, self.cfg, self.agent, self.out, self.seeds = agent_name, cfg, agent, out, seeds
+        self.checkpoint_every, self.on_chunk, self.stop = checkpoint_every, on_chunk, stop
+        self.num_chunks = num_chunks = int(agent.num_chunks)
+        self.chunk_env_steps = int(getattr(cfg, "chunk_env_steps", 0) or cfg.env_steps // max(num_chunks, 1))
+        self.do_eval = int(getattr(cfg, "eval_episodes", 1) or 0) > 0 and hasattr(agent, "evaluate")
+        schedule, points = _eval_schedule(cfg)
+        self.eval_at = set(eval_chunks(num_chunks, schedule=schedule, every=eval_every, points=points,
+                                       chunk_env_steps=self.chunk_env_steps,
+                                       offset_env_steps=int(getattr(cfg, "warmup_env_steps", 0) or 0)))
+        self.status_path, self.metrics_path = out / "status.json", out / "metrics.parquet"
+        self.title = (f"{agent_name} on {getattr(cfg, 'env', '?')} · width {getattr(cfg, 'width', '?')} "
+                      f"depth {getattr(cfg, 'depth', '?')} utd {getattr(cfg, 'utd', '?')} "
+                      f"batch {getattr(cfg, 'batch_size', '?')} lr {getattr(cfg, 'lr', '?')} · "
+                      f"N={agent.param_count:,}")
+        self.programs = _Programs(agent_name, mod, cfg, agent, seeds, seed, seed_hparams)
+        self.ckpt = Checkpointer(out / "checkpoints", max_to_keep=2)
+        self.logger = None
+        self.bar = None
+        self.state = None
+        self.rows: list[dict[str, Any]] = []
+        self.wall_offset = 0.0
+        self.start = 0             # chunks done before this call (the checkpoint resumed from)
+        self.stopped = None        # the early-stop decision that ended the run, if any
+        self.end = num_chunks      # chunks run when the run is declared done
+        self.startup_s = 0.0
+
+    def restore(self) -> None:
+        """Resume from the newest checkpoint (state, rows, wall time), mark the run running, and
+        on a resume ask the stop rule once, on the restored rows."""
+        start = self.ckpt.latest_step() or 0
+        if start > self.num_chunks:
+            raise ConfigError(f"out: checkpoint at chunk {start} is past the run's {self.num_chunks} chunks")
+        if start:
+            self.state, meta = self.ckpt.restore(start, self.programs.init.out_abstract)
+            self.rows = [dict(r) for r in meta["rows"]]
+            self.wall_offset = float(meta.get("wall_time", 0.0))
+        self.start = start
+        io.atomic_write_json(self.status_path, {"status": "running", "chunk": start, "num_chunks": self.num_chunks})
+        if self.stop is not None and 0 < start < self.num_chunks and self.rows:
+            # killed after the decision but before status.json said done: the rule is a pure
+            # function of the table, so asking it again on the restored rows gives the same answer
+            self.stopped = self.stop(start - 1, metrics_frame(self.rows)) or None
+            if self.stopped is not None:
+                self.end = start
+
+    def train(self, wandb_opts, progress) -> None:
+        """Compile the chunk program, then run chunks from `start` to the last or a stop decision."""
+        from scaling_rl.logging_utils import Progress, WandbLogger
+
+        if self.state is None:
+            self.state = self.programs.init_state()
+        compiled = self.programs.compile_chunk(self.state)
+        self.startup_s = time.perf_counter() - self.t_start
+        if wandb_opts:
+            self.logger = WandbLogger(wandb_opts, out_dir=str(self.out), agent=self.agent_name,
+                                      config=dataclasses.asdict(self.cfg), seeds=self.seeds)
+        self.bar = Progress(progress, total=self.num_chunks, completed=self.start,
+                            description=f"{self.agent_name.rsplit('.', 1)[-1]} ×{self.seeds}")
+        for chunk in range(self.start, self.num_chunks):
+            if self._chunk(compiled, chunk):
+                self.end = chunk + 1
+                break
+        self.ckpt.wait()  # the final checkpoint is durable before the run is declared done
+
+    def _chunk(self, compiled, chunk: int) -> bool:
+        """Run and record one chunk: rows to metrics.parquet, divergence check, wandb, stop decision,
+        checkpoint, status.json, progress bar, `on_chunk`. True when the run stops after it."""
+        metrics, new_rows, wall = self._step(compiled, chunk)
+        self.rows.extend(new_rows)
+        df = metrics_frame(self.rows)
+        io.atomic_write_parquet(self.metrics_path, df)
+        self._check_finite(chunk, metrics, new_rows, df)
+
+        if self.logger is not None:
+            self.logger.log(new_rows)
+        last = chunk + 1 == self.num_chunks
+        if self.stop is not None and not last:
+            self.stopped = self.stop(chunk, df) or None
+        every = self.checkpoint_every
+        if last or self.stopped is not None or (every and (chunk + 1) % every == 0):
+            # save() first waits for the previous save (raising its errors), then copies
+            # the state to host and writes in the background while the next chunk runs.
+            self.ckpt.save(chunk + 1, self.state, {"chunk": chunk + 1, "rows": self.rows, "wall_time": wall,
+                                                   "num_chunks": self.num_chunks})
+        if not last and self.stopped is None:
+            io.atomic_write_json(self.status_path, {"status": "running", "chunk": chunk + 1,
+                                                    "num_chunks": self.num_chunks,
+                                                    "env_steps": new_rows[0]["env_steps"]})
+        self.bar.update(chunk + 1, steps=new_rows[0]["env_steps"],
+                        ret=_nanmean([r.get("episode_return", math.nan) for r in new_rows]),
+                        eval=_nanmean([r.get("eval_return", math.nan) for r in new_rows]),
+                        sps=new_rows[0]["env_steps_per_s"])
+        if self.on_chunk is not None:
+            self.on_chunk(chunk, df)
+        return self.stopped is not None
+
+    def _step(self, compiled, chunk: int):
+        """Train one chunk (and evaluate after it, when scheduled): (host metrics, its timed rows, wall time)."""
+        import jax
+
+        t0 = time.perf_counter()
+        self.state, metrics = compiled(self.state)
+        metrics = jax.device_get(metrics)
+        chunk_time = time.perf_counter() - t0
+        if self.do_eval and chunk in self.eval_at:
+            evaluated = jax.device_get(self.programs.evaluate(self.state, chunk))
+            for key, value in evaluated.items():
+                metrics[key if key.startswith("eval") else f"eval_{key}"] = value
+        eval_time = time.perf_counter() - t0 - chunk_time
+        new_rows = chunk_rows(chunk, metrics, self.seeds, self.chunk_env_steps)
+        wall = self.wall_offset + time.perf_counter() - self.t_start
+        for r in new_rows:
+            r.update(wall_time=wall, chunk_time=chunk_time, eval_time=eval_time,
+                     env_steps_per_s=self.seeds * self.chunk_env_steps / max(chunk_time, 1e-9))
+        return metrics, new_rows, wall
+
+    def _check_finite(self, chunk: int, metrics, new_rows, df) -> None:
+        """Raise Diverged when a loss or the parameter norm is non-finite, after writing the
+        diverged status, the curve and (to wandb) the chunk's rows."""
+        bad = _non_finite(metrics)
+        if not bad:
+            return
+        seeds = self.seeds
+        step = max(r["env_steps"] for r in new_rows)
+        bad_seeds = sorted({s for key in bad for s in range(seeds)
+                            if not np.all(np.isfinite(np.asarray(metrics[key], np.float64)[s]))})
+        io.atomic_write_json(self.status_path, {
+            "status": "diverged", "step": step, "chunk": chunk, "num_chunks": self.num_chunks,
+            "metrics": bad, "seeds": bad_seeds})
+        _try_plot(df, self.out / "curve.png", self.title)
+        if self.logger is not None:
+            self.logger.log(new_rows)
+        raise Diverged(step, f"diverged at env step {step}: {', '.join(bad)} non-finite (seeds {bad_seeds})")
+
+    def finish(self):
+        """Declare the run done: the table (rewritten when missing or when this call ran no
+        chunk), the curve, status.json `done` with the summary (and the stop decision); the table."""
+        df = metrics_frame(self.rows)
+        if not self.metrics_path.exists() or self.start == self.end:
+            io.atomic_write_parquet(self.metrics_path, df)
+        _try_plot(df, self.out / "curve.png", self.title)
+        summary = _summary(df, {"param_count": int(self.agent.param_count), "seeds": self.seeds,
+                                "startup_s": self.startup_s, "program_cache": self.programs.statuses()})
+        done = {"status": "done", "chunk": self.end, "num_chunks": self.num_chunks, "summary": summary}
+        if self.stopped is not None:
+            done["stopped"] = self.stopped
+        io.atomic_write_json(self.status_path, done)
+        if self.logger is not None:
+            self.logger.run.summary.update(summary)
+        return df
+
+    def write_failed(self, e: BaseException) -> None:
+        io.atomic_write_json(self.status_path, {"status": "failed", "error": f"{type(e).__name__}: "
+                                                f"{_one_line(e)}", "num_chunks": self.num_chunks})
+
+    def close(self, finished: bool) -> None:
+        """Close the progress bar, the wandb run and the checkpointer (whose pending save a
+        finished run waits for and reports; an unfinished one keeps its original error)."""
+        if self.bar is not None:
+            self.bar.close()
+        if self.logger is not None:
+            self.logger.finish(exit_code=0 if finished else 1)
         if finished:
-            ckpt.close()  # waits; a failed save raises here
+            self.ckpt.close()  # waits; a failed save raises here
         else:
             try:
-                ckpt.close()
+                self.ckpt.close()
             except Exception:  # noqa: BLE001 - keep the original error
                 pass
 
