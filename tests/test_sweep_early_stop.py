@@ -190,9 +190,8 @@ def test_kinds_that_cannot_stop_are_refused(tmp_path):
     finally:
         registry._ENTRIES.pop("toy_nostop", None)
         registry._CACHE.pop("toy_nostop", None)
-    # grpo runs its seeds one after another: no stop hook (refused); the train.run kinds have one
-    assert registry.get("grpo").stoppable is False
-    assert all(registry.get(k).stoppable for k in ("sac", "dqn", "crl", "flow_grpo", "toy"))
+    # every built-in kind has a stop hook (grpo seed by seed: tests/test_llm_early_stop.py)
+    assert all(registry.get(k).stoppable for k in ("sac", "dqn", "crl", "flow_grpo", "toy", "grpo"))
 
 
 # ---- the sweep -------------------------------------------------------------------------------

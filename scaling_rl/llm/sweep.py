@@ -21,6 +21,18 @@ so far, the data axis) and `grad_steps` (optimizer steps so far). A non-finite l
 norm raises `Diverged` (step = env_steps then). N = every parameter of the policy (embeddings
 included; tied ones once).
 
+Early stopping (a spec's `early_stop:`, sweep/early_stop.py) works seed by seed, since the seeds
+run one after another: on row 0 (the base policy) and after each GRPO step but the last, the rule
+is asked about the running seed's own rows (`GRPOTrainer.should_stop`); when it fires, that seed
+checkpoints and ends and the next one starts. A rerun asks the rule again on a stopped seed's restored rows before training, so
+it stays stopped. The trial counts as stopped ("reached") only when every seed stopped; as soon as
+one seed runs its whole budget, the seeds that had stopped are resumed and run to theirs as well
+(on CPU their numbers are those of a run that never stopped), so a trial's seeds are either all
+stopped or all complete. The budget, in the table's env_steps unit (rollouts), is `budget`: steps *
+prompts_per_step * group_size per seed (nominal: dynamic sampling may draw more per step). Saved
+FLOPs are not given (None): 10*N*B*sigma per env step does not describe a rollout. The rule's
+`unreachable` part is refused for grpo.
+
 Nothing here imports torch or transformers until a trial kind function is called.
 """
 from __future__ import annotations
@@ -118,12 +130,22 @@ def _write_combined(out: Path, seeds: int, cfg):
     return df
 
 
-def _checked_trainer(on_save):
+def budget(config: dict) -> int:
+    """Rollouts one seed samples in a full run (nominal): steps * prompts_per_step * group_size."""
+    cfg = _config_cls().from_dict(dict(config))
+    return int(cfg.steps) * int(cfg.prompts_per_step) * int(cfg.group_size)
+
+
+def _checked_trainer(on_save, ask=None):
     """GRPOTrainer that raises Diverged on a non-finite loss / grad norm (after writing the rows so
-    far) and reports each save."""
+    far), reports each save, and (with `ask`: (step, this seed's tidy rows) -> truthy to stop) can
+    stop early."""
     from scaling_rl.llm.trainer import GRPOTrainer
 
     class Checked(GRPOTrainer):
+        def should_stop(self, row):
+            return bool(ask is not None and ask(self.step, self.metrics_frame()))
+
         def train_step(self):
             row = super().train_step()
             bad = [k for k in ("loss", "grad_norm") if k in row and not math.isfinite(row[k])]
@@ -143,18 +165,26 @@ def _checked_trainer(on_save):
     return Checked
 
 
-def _run_seed(cfg, out: Path, on_save):
+def _run_seed(cfg, out: Path, on_save, ask=None):
     """trainer.run for one seed, with the divergence check (same resume / config-change rules)."""
     from scaling_rl.llm import trainer
 
     out.mkdir(parents=True, exist_ok=True)
-    return trainer.run(cfg, out, trainer_cls=_checked_trainer(on_save))
+    return trainer.run(cfg, out, trainer_cls=_checked_trainer(on_save, ask))
 
 
-def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, checkpoint_every: int = 1):
+def _seed_ask(stop, index: int, base):
+    """The trainer's stop question for seed `index`: `stop(step, that seed's tidy rows)`."""
+    return lambda step, rows: stop(step, _tidy(rows, index, base))
+
+
+def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, checkpoint_every: int = 1,
+        stop=None):
     """Run (or resume) `seeds` GRPO runs, seeds trial_seed*seeds + 0..seeds-1, one after another.
 
-    `checkpoint_every` (sweep chunks) is not used: the GRPO config's own field decides.
+    `checkpoint_every` (sweep chunks) is not used: the GRPO config's own field decides. `stop`
+    (early stopping, module docstring): asked about one seed's rows at a time; a seed it stops ends
+    early, and every seed is run to its budget once one seed was not stopped.
     """
     from scaling_rl import io as sio
 
@@ -168,11 +198,26 @@ def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, check
               "param_count": param_count(dataclasses.asdict(base)),
               "seed_dirs": {SEED_DIR.format(i): c.seed for i, c in enumerate(cfgs)}}
     sio.atomic_write_json(out / "config.json", record)
+    if stop is not None and callable(getattr(stop, "sequential", None)):
+        stop.sequential(budget(config))     # the runner's Watcher: judge seed by seed
+    on_save = lambda: _write_combined(out, seeds, base)  # noqa: E731
+    stopping, stopped = stop is not None, []
     for i, cfg in enumerate(cfgs):
+        ask = _seed_ask(stop, i, base) if stopping else None
         try:
-            _run_seed(cfg, out / SEED_DIR.format(i), lambda: _write_combined(out, seeds, base))
+            rows = _run_seed(cfg, out / SEED_DIR.format(i), on_save, ask)
         finally:
             _write_combined(out, seeds, base)
+        if int(rows["step"].max()) < cfg.steps:
+            stopped.append(i)
+        else:
+            stopping = False            # this seed ran its budget: the trial cannot count as stopped
+    if stopped and not stopping:        # so the seeds that had stopped run theirs as well
+        for i in stopped:
+            try:
+                _run_seed(cfgs[i], out / SEED_DIR.format(i), on_save)
+            finally:
+                _write_combined(out, seeds, base)
     df = _write_combined(out, seeds, base)
     if wandb:
         _log_wandb(wandb, out, config, seeds, df)
@@ -191,4 +236,4 @@ def _log_wandb(options, out: Path, config: dict, seeds: int, df) -> None:
 
 
 TRIAL_KIND = TrialKind(name="grpo", config_cls=_config_cls, run=run, param_count=param_count,
-                       check=check)
+                       check=check, stoppable=True, sequential=True, budget=budget)

@@ -380,6 +380,10 @@ class GRPOTrainer:
                 row0.update({f"sft/{k}": v for k, v in info.items()})
             row0.update(self.evaluate())
             if base_dir is not None:
+                # row 0 on disk before base_model/: a run killed after base_model/ is written
+                # resumes from it and reads row 0 back from metrics.parquet
+                self.rows = [row0]
+                self._write_metrics()
                 with _atomic_dir(base_dir) as tmp:
                     save_policy(self.model, self.tokenizer, tmp)
         self.model.eval()
@@ -412,6 +416,9 @@ class GRPOTrainer:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
 
     def save(self) -> None:
+        # the rows first: a kill between the two leaves rows past the last checkpoint, which
+        # `_restore` drops; the other order could leave a checkpoint whose rows were never written
+        self._write_metrics()
         ckpt = self.out_dir / "checkpoints" / f"step_{self.step:06d}"
         with _atomic_dir(ckpt) as tmp:
             save_policy(self.model, self.tokenizer, tmp / "model")
@@ -424,7 +431,6 @@ class GRPOTrainer:
                 "greso": self.greso.state_dict() if self.greso else None,
                 "source": self.source.state_dict() if self.source else {},
             }, tmp / "trainer_state.pt")
-        self._write_metrics()
         old = sorted((self.out_dir / "checkpoints").glob("step_*"))[:-self.cfg.keep_checkpoints]
         for path in old:
             shutil.rmtree(path, ignore_errors=True)
@@ -641,9 +647,23 @@ class GRPOTrainer:
         })
         return out
 
+    def should_stop(self, row: dict) -> bool:
+        """Early-stopping hook (never, here): asked before the first step on the last row so far
+        (row 0, the base policy, on a fresh start; the last restored row on resume) and after each
+        step's row is appended to `rows`, except the last step's. True ends training: the step is
+        checkpointed and `train` returns. A subclass must answer from the rows alone
+        (deterministically), so a resumed run stops where it stopped."""
+        return False
+
     def train(self, progress: bool = False) -> pd.DataFrame:
         c = self.cfg
-        while self.step < c.steps:
+        # a resumed run that had stopped early stays stopped (its stop step was checkpointed)
+        stopped = self.step < c.steps and bool(self.rows) and self.should_stop(self.rows[-1])
+        if stopped and self.out_dir is not None:
+            ckpt = latest_checkpoint(self.out_dir)
+            if ckpt is None or ckpt.name != f"step_{self.step:06d}":
+                self.save()
+        while not stopped and self.step < c.steps:
             row = self.train_step()
             last = self.step == c.steps
             if self.step % c.eval_every == 0 or last:
@@ -651,11 +671,12 @@ class GRPOTrainer:
             else:
                 row["eval/accuracy"] = float("nan")
             self.rows.append(row)
+            stopped = not last and self.should_stop(row)
             if progress:
                 print(f"step {self.step:4d}  reward {row['reward']:.3f}  "
-                      f"eval {row['eval/accuracy']:.3f}  loss {row.get('loss', float('nan')):+.4f}",
-                      flush=True)
-            if self.out_dir is not None and (self.step % c.checkpoint_every == 0 or last):
+                      f"eval {row['eval/accuracy']:.3f}  loss {row.get('loss', float('nan')):+.4f}"
+                      + ("  (stopped early)" if stopped else ""), flush=True)
+            if self.out_dir is not None and (self.step % c.checkpoint_every == 0 or last or stopped):
                 self.save()
         self._write_metrics()
         return self.metrics_frame()

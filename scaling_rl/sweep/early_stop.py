@@ -31,9 +31,44 @@ unreachable: (when enabled) at the last logged step t >= min_fraction * budget, 
              than rate_factor times their fastest rise so far. A curve still rising fast enough to
              reach J_low at that pace is never stopped by it.
 
-What a stop costs or saves: saved env steps = seeds * (budget - stop step), budget = the config's
-`env_steps`; saved FLOPs = saved env steps * 10*N*B*sigma (`scaling.allocation.compute_flops`:
-N = param count, B = batch_size, sigma = utd, 1 for a kind without utd; None without N or B).
+What a stop costs or saves: saved env steps = seeds * (budget - stop step), budget = the per-seed
+budget in the table's env_steps unit: the config's `env_steps`, or the kind's own `TrialKind.budget`
+(grpo: steps * prompts_per_step * group_size rollouts); saved FLOPs = saved env steps * 10*N*B*sigma
+(`scaling.allocation.compute_flops`: N = param count, B = batch_size, sigma = utd, 1 for a kind
+without utd; None without N or B: grpo has no batch_size, and 10*N*B*sigma per rollout does not
+describe it, since a rollout's FLOPs depend on its tokens, so its saved FLOPs are None).
+
+Kinds whose seeds run one after another (`TrialKind.sequential`, grpo): the rule cannot see every
+seed at once, so it is applied seed by seed (`Watcher.sequential`):
+
+- while seed i trains, `stop(chunk, rows)` gets seed i's own rows only, on its first row (grpo:
+  row 0, the base policy) and after each logged step but the last (and once on resume, on the rows
+  restored); the rule on a one-seed table is the per-seed
+  condition above (the "seed mean" of one seed is that seed), and when it fires seed i checkpoints
+  and ends, and the next seed starts. The rule is deterministic and asked again on a resumed seed's
+  rows before it trains, so a stopped seed stays stopped after a kill -9 anywhere;
+- the trial is "reached" only when every seed stopped so; a seed that runs its whole budget (the
+  rule never fired) makes the kind resume the seeds that had stopped and run them to their budget
+  too (exact on CPU: resuming from the stop checkpoint gives the numbers of a run that never
+  stopped), so a trial is either stopped in every seed or run in full, never mixed;
+- each seed stops at its own first crossing (its stop step, `seed_stop_steps` in the decision's
+  detail; the trial's `stop_step` is the largest), and saved env steps = sum over seeds of
+  (budget - its stop step);
+- guaranteed: every seed's isotonic curve is >= J_top + margin at its last `patience` logged points
+  (exactly the parallel rule's per-seed condition). The seed-mean condition is not part of the
+  decision: it needs every seed's values at the same steps, which do not exist yet while an earlier
+  seed is being stopped. On the curves the analysis builds (`scaling.data._align_seeds`: a reached
+  seed held at its last isotonic value past its end) it holds by construction for patience = 1: at
+  its first crossing a seed's last finite value is itself >= J_top + margin (the isotonic fit's
+  last value is the largest mean of a suffix of the points; the rule was asked at every earlier
+  point, from the first, and found it below the target, so the new point is above it), and every seed that ended earlier is held at a value >= J_top + margin,
+  so the seed mean at the last common step is >= J_top + margin. For patience > 1 a seed's last
+  point may lie below the target (0, 100, 40 stops at 40 with target 50, patience 2) and the held
+  seed mean is not guaranteed (seeds 20, 40, 80, 20 and 40, 80, 20, target 50, patience 2: both
+  stop, the second held at 50; seed mean 30, 60, 50, 35, isotonic 48.3 at the last two points): the
+  decision records it (`detail.mean_value`, `detail.mean_reached`) without acting on it;
+- `unreachable` is not supported (refused at spec time): one hopeless seed says nothing about the
+  seeds still to run, and a trial whose seeds stopped for different reasons has no single status.
 """
 from __future__ import annotations
 
@@ -173,18 +208,25 @@ def _wide(df, metric: str):
 
 
 # ---- what a stop saves ------------------------------------------------------------------------
-def budget_of(config: dict) -> int | None:
-    """A trial's env-step budget per seed: its config's `env_steps`."""
-    v = config.get("env_steps")
+def budget_of(config: dict, kind=None) -> int | None:
+    """A trial's budget per seed in its table's env_steps unit: `kind.budget(config)` when the trial
+    kind defines one (grpo: rollouts), else the config's `env_steps`."""
+    hook = getattr(kind, "budget", None)
+    v = hook(config) if hook is not None else config.get("env_steps")
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def savings(decision: Decision, budget: int | None, seeds: int, config: dict,
             param_count: int | None) -> tuple[int | None, float | None]:
-    """(saved env steps, saved FLOPs) of a stop: seeds*(budget - stop step), times 10*N*B*sigma."""
+    """(saved env steps, saved FLOPs) of a stop: seeds*(budget - stop step) (a sequential kind's
+    decision: the sum over its seeds' own stop steps), times 10*N*B*sigma."""
     if budget is None:
         return None, None
-    saved = int(seeds) * max(int(budget) - int(decision.stop_step), 0)
+    per_seed = (decision.detail or {}).get("seed_stop_steps")
+    if per_seed:
+        saved = sum(max(int(budget) - int(v), 0) for v in per_seed.values())
+    else:
+        saved = int(seeds) * max(int(budget) - int(decision.stop_step), 0)
     B = config.get("batch_size")
     sigma = config.get("utd", 1.0)
     if param_count is None or not isinstance(B, (int, float)) or not isinstance(sigma, (int, float)):
@@ -218,13 +260,31 @@ def _last_step(df) -> int | None:
 
 class Watcher:
     """`stop(chunk, df) -> dict | None` for one trial: evaluates the rule, records a firing decision
-    in `<dir>/early_stop.json`, and afterwards tells the runner what happened (`final`)."""
+    in `<dir>/early_stop.json`, and afterwards tells the runner what happened (`final`).
+
+    A kind whose seeds run one after another calls `sequential(budget)` first; from then on each
+    call judges the one seed whose rows it is given (module docstring)."""
 
     def __init__(self, rule: Rule, budget: int | None, directory):
         self.rule, self.budget, self.path = rule, budget, Path(directory) / RECORD
         self.fired: Decision | None = None
+        self.seed_fired: dict | None = None    # sequential: seed -> its Decision
+
+    def sequential(self, budget: int | None = None) -> None:
+        """Switch to seed-by-seed judging (kinds whose seeds run one after another). `budget`: the
+        per-seed budget in the table's env_steps unit, used when the runner had none (a config
+        without `env_steps`)."""
+        if self.rule.unreachable:   # refused at spec time (from_spec); never ignore a rule silently
+            raise ValueError("early_stop.unreachable: not supported for a kind whose seeds run one "
+                             "after another; remove it")
+        if self.budget is None:
+            self.budget = budget
+        if self.seed_fired is None:
+            self.seed_fired = {}
 
     def __call__(self, chunk, df):
+        if self.seed_fired is not None:
+            return self._seed_call(df)
         d = self.rule.check(df, self.budget)
         if d is None:
             return None
@@ -232,10 +292,52 @@ class Watcher:
         _write_record(self.path, d.to_json())
         return d.to_json()
 
+    def _seed_call(self, df):
+        seeds = sorted(set(np.asarray(df["seed"]).tolist())) if len(df) else []
+        if len(seeds) != 1:
+            raise ValueError(f"early_stop: a sequential kind asks about one seed at a time, got seeds {seeds}")
+        d = self.rule.check(df, self.budget)
+        if d is None:
+            return None
+        self.seed_fired[seeds[0]] = d
+        rec = self._seed_record()
+        rec[str(seeds[0])] = d.to_json()
+        _write_record(self.path, {"seeds": rec})
+        return d.to_json()
+
+    def _seed_record(self) -> dict:
+        try:
+            rec = json.loads(self.path.read_text())["seeds"]
+            return dict(rec) if isinstance(rec, dict) else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+
+    def _seed_final(self, df) -> Decision | None:
+        """Every seed of `df` stopped as reached (its decision's step = its own last step): the trial's
+        decision; else None."""
+        if df is None or len(df) == 0:
+            return None
+        rec = self._seed_record()
+        per = {}
+        for s, g in df.groupby("seed"):
+            last = _last_step(g)
+            d = self.seed_fired.get(s) if self.seed_fired else None
+            if d is None or d.stop_step != last:
+                try:
+                    d = Decision.from_json(rec[str(s)])
+                except (KeyError, ValueError, TypeError):
+                    return None
+            if d.reason != "reached" or d.stop_step != last:
+                return None
+            per[s] = d
+        return sequential_decision(self.rule, df, per)
+
     def final(self, df) -> Decision | None:
         """The decision that ended the run whose final table is `df`, or None (it ran in full). A run
         resumed after its kind had already finished it (the callable was not called) is read back from
         the record, accepted only when it matches the table's last step."""
+        if self.seed_fired is not None:
+            return self._seed_final(df)
         last = _last_step(df)
         if self.fired is not None and self.fired.stop_step == last:
             return self.fired
@@ -244,6 +346,41 @@ class Watcher:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return d if d.stop_step == last else None
+
+
+def held_seed_mean(df, metric: str):
+    """Isotonic curve of the seed mean on the curves the analysis builds when every seed of `df`
+    reached (`scaling.data._align_seeds`: each seed held at its last isotonic value past its end):
+    (env steps, values), or None without a finite value."""
+    from scaling_rl.scaling.data import _align_seeds
+    fin = _finite(df, metric)
+    if fin.empty:
+        return None
+    fin = fin.assign(stopped_early="reached")
+    fin[metric] = fin[metric].astype(float)
+    grid, Y, _ = _align_seeds(fin, metric)
+    return grid, _iso(Y.mean(axis=1))
+
+
+def sequential_decision(rule: Rule, df, per_seed: dict) -> Decision:
+    """The decision of a trial whose seeds ran one after another and each stopped as reached
+    (`per_seed`: seed -> its Decision): stop_step = the largest seed stop step (the table's last);
+    the detail keeps every seed's stop step and value and the held seed mean (not guaranteed for
+    patience > 1, module docstring)."""
+    target = rule.top + rule.margin
+    p = rule.patience
+    held = held_seed_mean(df, rule.metric)
+    mean_value = float(held[1][-p]) if held is not None and len(held[1]) >= p else float("nan")
+    mean_ok = bool(held is not None and len(held[1]) >= p and np.all(held[1][-p:] >= target))
+    values = {}
+    for s, d in per_seed.items():
+        v = (d.detail or {}).get("seed_values") or {}
+        values[str(s)] = float(next(iter(v.values()))) if v else float("nan")
+    return Decision("reached", max(int(d.stop_step) for d in per_seed.values()), target,
+                    {"sequential": True,
+                     "seed_stop_steps": {str(s): int(d.stop_step) for s, d in per_seed.items()},
+                     "seed_values": values, "mean_value": mean_value, "mean_reached": mean_ok,
+                     "j_top": rule.top, "margin": rule.margin, "patience": p})
 
 
 class PackWatcher:
@@ -327,9 +464,12 @@ def from_spec(value: Any, *, kind=None, trials=()) -> Rule:
     if kind is not None and not getattr(kind, "stoppable", False):
         raise SpecError(f"early_stop: agent {kind.name!r} cannot stop a trial early (its run takes no stop "
                         "hook); remove early_stop")
+    if unreachable and getattr(kind, "sequential", False):
+        raise SpecError(f"early_stop.unreachable: not supported for agent {kind.name!r} (its seeds run one "
+                        "after another: one hopeless seed says nothing about the next); remove it")
     for t in trials:
-        if budget_of(t.config) is None:
-            raise SpecError(f"early_stop: trial {t.id} has no env_steps budget in its config; "
-                            "early stopping needs one")
+        if budget_of(t.config, kind) is None:
+            what = "budget" if getattr(kind, "budget", None) is not None else "env_steps budget in its config"
+            raise SpecError(f"early_stop: trial {t.id} has no {what}; early stopping needs one")
     return Rule(metric=metric, thresholds=tuple(thr), margin=margin, patience=patience,
                 unreachable=unreachable, min_fraction=min_fraction, rate_factor=rate_factor)

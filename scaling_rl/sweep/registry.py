@@ -39,6 +39,13 @@ class TrialKind:
          decision the run writes its final checkpoint / table, records the decision, returns the
          table, and a later rerun returns that table without training more (sweep/early_stop.py).
          Kinds that cannot are refused by a spec's `early_stop:`.
+    sequential: whether run() trains its seeds one after another (grpo) rather than together: such
+         a kind calls `stop.sequential(budget)` when `stop` has it, then asks `stop` about one seed's
+         rows at a time and stops that seed only; the trial counts as stopped when every seed did
+         (sweep/early_stop.py). Its `early_stop.unreachable` is refused.
+    budget: None, or (config: dict) -> the per-seed budget in the table's env_steps unit, for a kind
+         whose config has no `env_steps` (grpo: steps * prompts_per_step * group_size rollouts);
+         early stopping's saved env steps are counted against it (`early_stop.budget_of`).
     """
     name: str
     config_cls: Callable[[], type]
@@ -48,6 +55,8 @@ class TrialKind:
     uses_jax: bool = True
     packable: Callable[[], tuple] | None = None
     stoppable: bool = False
+    sequential: bool = False
+    budget: Callable[[dict], Any] | None = None
 
 
 def known() -> list[str]:
