@@ -147,6 +147,9 @@ def test_simulated_study_rounds_are_recorded_and_recover_the_truth(simulated):
         assert 1 <= len(r["proposals"]) <= 3 and all(p["predicted_cost"] > 0 for p in r["proposals"])
     assert all("fit" in r and r["decision"] for r in rounds)
     assert rounds[-1]["decision"].startswith("stop")
+    # a stop is decided on a refit with confirm_bootstrap (4 × 48) replicates, and that refit is reported
+    assert rounds[-1]["fit"]["n_bootstrap"] == 192 and "widths_before" in rounds[-1]["fit"]["confirmed_from"]
+    assert all(r["fit"]["n_bootstrap"] == 48 for r in rounds[:-1] if "confirmed_from" not in r["fit"])
     flops = [r["fit"]["flops"] for r in rounds]
     assert flops == sorted(flops) and flops[0] > 0
     # every proposed trial ran, and only those
