@@ -87,7 +87,9 @@ def main() -> None:
     fit_a = json.loads((Path(args.adaptive) / "adaptive" / f"round_{last['round']}" / "fit.json").read_text())
     g = Store(args.grid)
     grid_trials = [g.trial(t) for t in g.trial_ids()]
-    fit_g, cap, _ = ad.fit_round(SimpleNamespace(out_dir=Path(args.grid)), design, grid_trials, delta)
+    n_boot = int(last["fit"].get("n_bootstrap", design.n_bootstrap))   # as many replicates as the final round
+    fit_g, cap, _ = ad.fit_round(SimpleNamespace(out_dir=Path(args.grid)), design, grid_trials, delta,
+                                 n_bootstrap=n_boot)
     fit_g = report.jsonable(fit_g)
     use = {"full grid": _usage(Path(args.grid), delta), "adaptive + early stopping": _usage(Path(args.adaptive), delta)}
     if args.grid_wall:
@@ -97,7 +99,7 @@ def main() -> None:
 
     lines = [f"# Full grid vs adaptive: `{args.grid}` vs `{args.adaptive}`", "",
              f"Both fitted at J = {list(design.thresholds)} ({design.metric}), δ = {delta:.4g} FLOPs/env step, "
-             f"{design.n_bootstrap} seed-bootstrap replicates, {int(design.level * 100)}% intervals. "
+             f"{n_boot} seed-bootstrap replicates, {int(design.level * 100)}% intervals. "
              f"Adaptive: {len(state['rounds'])} rounds, last decision `{last['decision']}`.", "",
              "| design | trials | stopped early | env steps | FLOPs | summed trial wall s | sweep wall s |",
              "|---|---|---|---|---|---|---|"]
