@@ -247,3 +247,21 @@ def test_widths_before_any_budget_law_name_both_exponents_and_say_why(tmp_path):
     w = ad.target_widths(fit, design, {})
     assert w["t:sigma*(F) exponent"]["width"] == pytest.approx(0.15)
     assert w["t:N*(F) exponent"]["width"] == float("inf") and w["t:N*(F) exponent"]["reason"] == "needs optima"
+
+
+def test_points_target_narrows_d_j_where_asked(tmp_path):
+    """target: points — the design reduces the uncertainty of D_J at the chosen (σ, N), and the widths
+    it reports are the log-widths of D_J's intervals there (one per threshold)."""
+    spec = parse_spec(spec_dict(tmp_path / "s", seed=4000, adaptive={
+        "target": "points", "points": [{"utd": 1, "width": 548}], "tolerance": 0.02, "max_rounds": 2,
+        "n_bootstrap": 32, "max_compute": 1e19}))
+    assert spec.adaptive.points == (("toy/law", 1.0, 548.0 ** 2),)
+    state = ad.run_adaptive(spec, progress=False, say=lambda m: None)
+    r0, r1 = state["rounds"]
+    assert r1["criterion"] == "target points' D_J" and len(r1["proposals"]) == 3
+    w0, w1 = r0["fit"]["widths"], r1["fit"]["widths"]
+    assert len(w0) == len(THRESHOLDS) and all("D_J(σ=1, N=3.003e+05)" in k for k in w0)
+    assert all(0 < v["width"] < 1 and v["lo"] <= v["estimate"] <= v["hi"] for v in w1.values())
+    # the target cell is not in the 3x3 initial design: measuring it (or its neighbours) is what helps
+    assert any((p["sigma"], p["N"]) == (1.0, 548.0 ** 2) for p in r1["proposals"])
+    assert r0["fit"]["remaining_flops"] == pytest.approx(1e19 - r0["fit"]["flops"])

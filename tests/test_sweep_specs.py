@@ -269,3 +269,29 @@ def test_workers_zero_runs_inline_and_negative_is_refused(tmp_path, capsys):
     refused(capsys, ["sweep", "run", str(neg)], "backend.workers: expected an integer >= 0, got -1")
     refused(capsys, ["sweep", "run", str(spec), "--workers", "-2"], "--workers: must be >= 0, got -2")
     assert not neg_out.exists()
+
+
+def test_axes_given_as_ranges_with_a_resolution(tmp_path):
+    from scaling_rl.sweep import parse_spec
+    spec = parse_spec({"agent": "toy", "out_dir": str(tmp_path / "o"),
+                       "grid": {"utd": {"range": [0.5, 8], "num": 5}, "width": {"range": [64, 1024], "num": 5}},
+                       "zip": {"lr": {"range": [1e-4, 3e-4], "num": 3, "log": False}, "batch_size": [32, 64, 128]}})
+    assert len(spec.trials) == 75
+    assert sorted({t.config["utd"] for t in spec.trials}) == [0.5, 1.0, 2.0, 4.0, 8.0]
+    assert sorted({t.config["width"] for t in spec.trials}) == [64, 128, 256, 512, 1024]
+    assert sorted({t.config["lr"] for t in spec.trials}) == [1e-4, 2e-4, 3e-4]
+    assert {t.axes["width"] for t in spec.trials} == {64, 128, 256, 512, 1024}
+
+
+@pytest.mark.parametrize("axis, message", [
+    ({"range": [8, 0.5], "num": 5}, "grid.utd.range: expected [lo, hi] with lo < hi"),
+    ({"range": [0, 8], "num": 5}, "a log range needs lo > 0"),
+    ({"range": [0.5, 8], "num": 1}, "grid.utd.num: expected an integer >= 2"),
+    ({"range": [0.5, 8], "num": 3, "step": 2}, "grid.utd.step: unknown key"),
+    ({"range": [0.5, 8], "num": 3, "log": "yes"}, "grid.utd.log: expected true or false"),
+])
+def test_bad_range_axes_are_one_line_errors(tmp_path, axis, message):
+    from scaling_rl.sweep import SpecError, parse_spec
+    with pytest.raises(SpecError) as e:
+        parse_spec({"agent": "toy", "out_dir": str(tmp_path / "o"), "grid": {"utd": axis}})
+    assert message in str(e.value) and "\n" not in str(e.value)

@@ -626,6 +626,7 @@ def run_adaptive(spec, *, backend: str | None = None, workers: int | None = None
                 key = (p["task"], p["sigma"], p["N"])
                 counts[key] = max(counts.get(key, 0), int(p["replicate"]) + 1)
         rnd["fit"] = {"widths": _json_widths(widths), "trials": len(trials), **used,
+                      "remaining_flops": None if design.max_compute is None else left,
                       "stopped_early": _stopped(spec, trials),
                       "n_bootstrap": design.confirm_bootstrap if confirm else design.n_bootstrap}
         if confirm:

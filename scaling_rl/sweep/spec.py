@@ -8,7 +8,9 @@ A spec is plain YAML::
     env_steps: 6000                  # env-step budget per seed (sets the config field `env_steps`)
     seeds: 2                         # seeds per trial, vmapped in one program
     base: {env: gymnax/Pendulum-v1, batch_size: 128}
-    grid: {width: [32, 64, 128], utd: [1, 2, 4]}        # Cartesian product
+    grid: {width: [32, 64, 128], utd: [1, 2, 4]}        # Cartesian product; an axis may also be a
+                                                         # range with a resolution: {range: [0.5, 8],
+                                                         # num: 5, log: true} (integers if both ends are)
     zip:  {lr: [1e-3, 3e-4], batch_size: [64, 256]}      # zipped (equal lengths); a list of such
                                                          # mappings gives several zipped groups
     backend: {name: local, workers: 2, slurm: {...}, ray: {...}}
@@ -225,7 +227,38 @@ def resolve_config(agent: str, values: dict) -> dict:
     return {k: _canonical_value(v, types.get(k)) for k, v in dataclasses.asdict(cfg).items()}
 
 
+RANGE_KEYS = ("range", "num", "log")
+
+
+def _expand_range(where: str, key: str, values: Any) -> Any:
+    """An axis given as a range with a resolution, `{range: [lo, hi], num: n, log: true|false}`, as
+    its list of n values (geometric when log, the default; integers when both ends are integers,
+    rounded and without repeats). Anything else is returned unchanged."""
+    if not isinstance(values, dict):
+        return values
+    for k in values:
+        if k not in RANGE_KEYS:
+            raise SpecError(f"{where}.{key}.{k}: unknown key; a range axis is {{range: [lo, hi], num: n, log: true}}")
+    rng, num, log = values.get("range"), values.get("num"), values.get("log", True)
+    ok_nums = isinstance(rng, list) and len(rng) == 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in rng)
+    if not ok_nums or not rng[0] < rng[1]:
+        raise SpecError(f"{where}.{key}.range: expected [lo, hi] with lo < hi, got {rng!r}")
+    if isinstance(num, bool) or not isinstance(num, int) or num < 2:
+        raise SpecError(f"{where}.{key}.num: expected an integer >= 2 (points, ends included), got {num!r}")
+    if not isinstance(log, bool):
+        raise SpecError(f"{where}.{key}.log: expected true or false, got {log!r}")
+    if log and rng[0] <= 0:
+        raise SpecError(f"{where}.{key}.range: a log range needs lo > 0, got {rng!r}; or set log: false")
+    import numpy as np
+    pts = (np.geomspace if log else np.linspace)(float(rng[0]), float(rng[1]), num)
+    if all(isinstance(v, int) for v in rng):
+        return list(dict.fromkeys(int(round(v)) for v in pts))
+    return [float(f"{v:.6g}") for v in pts]
+
+
 def _check_axis_values(where: str, key: str, values: Any) -> list:
+    values = _expand_range(where, key, values)
     if not isinstance(values, list):
         raise SpecError(f"{where}.{key}: expected a list of values, got {values!r}")
     if not values:
@@ -268,6 +301,7 @@ def _axes_points(spec: dict, allowed: set[str]) -> list[dict]:
             where = "zip" if not isinstance(zips, list) else f"zip[{gi}]"
             if not isinstance(group, dict) or not group:
                 raise SpecError(f"{where}: expected a non-empty mapping of field -> list of values")
+            group = {k: _expand_range(where, k, v) for k, v in group.items()}
             lengths = {}
             for key, values in group.items():
                 check_key(where, key)
