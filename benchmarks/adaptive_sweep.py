@@ -92,11 +92,10 @@ def covers(iv, truth: float) -> bool:
 
 
 def compute_of(table, delta: float) -> tuple[float, float]:
-    from scaling_rl.scaling.allocation import FLOPS_FACTOR
-    last = table.groupby(["trial_id", "seed_index"]).agg(steps=("env_steps", "max"), N=("param_count", "first"),
-                                                    utd=("utd", "first"), B=("batch_size", "first"))
-    fl = last["steps"] * (FLOPS_FACTOR * last["N"] * last["B"] * last["utd"] + delta)
-    return float(last["steps"].sum()), float(fl.sum())
+    """(env steps, FLOPs) a sweep spent: the adaptive study's own accounting (`adaptive.spent`)."""
+    from scaling_rl.sweep.adaptive import spent
+    use = spent(table, delta)
+    return use["env_steps"], use["flops"]
 
 
 def fit_table(table, delta: float, n_bootstrap: int) -> dict:

@@ -47,11 +47,9 @@ def _usage(store: Path, delta: float) -> dict:
     from scaling_rl.sweep.store import Store
 
     st = Store(store)
-    trials = [st.trial(t) for t in st.trial_ids()]
-    table = collect(store)
-    use = spent(table, trials, delta)
-    statuses = [st.status(t.id) for t in trials]
-    use["trials"] = len(trials)
+    use = spent(collect(store), delta)
+    statuses = [st.status(t) for t in st.trial_ids()]
+    use["trials"] = len(statuses)
     use["wall_s"] = sum(float(s.get("wall_s") or 0) for s in statuses)
     use["stopped_early"] = sum(1 for s in statuses if s.get("stopped_early"))
     return use

@@ -111,7 +111,7 @@ def test_every_seed_stops_at_its_own_crossing_and_the_trial_is_reached(tmp_path,
     # rerun of the finished sweep: nothing; rerun of the kind (killed before its status): no step
     run_sweep(s, progress=False)
     assert store.status(t.id)["attempts"] == 1
-    w = es.Watcher(s.early_stop, es.budget_of(t.config), tdir)
+    w = es.Watcher(s.early_stop, es.budget_of(t.config, registry.get("grpo")), tdir)
     again = registry.get("grpo").run(t.config, str(tdir), t.seeds, t.seed, stop=w)
     assert len(fake_eval) == 6 and w.final(again).to_json() == st["early_stop"]
     # killed after seed 1's step-2 checkpoint, before its stop checkpoint: it retrains 3 and 4, stops
@@ -119,13 +119,13 @@ def test_every_seed_stops_at_its_own_crossing_and_the_trial_is_reached(tmp_path,
     import shutil
     shutil.rmtree(tdir / "seed_1" / "checkpoints" / "step_000004")
     (tdir / es.RECORD).unlink()
-    w = es.Watcher(s.early_stop, None, tdir)
+    w = es.Watcher(s.early_stop, es.budget_of(t.config, registry.get("grpo")), tdir)   # as the runner does
     again = registry.get("grpo").run(t.config, str(tdir), t.seeds, t.seed, stop=w)
     assert fake_eval[6:] == [(1, 3), (1, 4)]
     pd.testing.assert_frame_equal(again.drop(columns=TIMING), df)
     assert w.budget == BUDGET and w.final(again).to_json() == st["early_stop"]
-    w2 = es.Watcher(s.early_stop, None, tdir)
-    w2.sequential(BUDGET)
+    w2 = es.Watcher(s.early_stop, BUDGET, tdir)
+    w2.sequential()
     assert w2.final(again).to_json() == st["early_stop"]
 
 
@@ -250,7 +250,7 @@ def test_grpo_kind_budget_and_spec_checks(tmp_path):
         parse_spec(grpo_spec(tmp_path, {"metric": METRIC, "thresholds": [0.5], "unreachable": True}))
     w = es.Watcher(es.Rule(metric=METRIC, thresholds=(0.5,), unreachable=True), None, tmp_path)
     with pytest.raises(ValueError, match="^early_stop.unreachable: not supported"):
-        w.sequential(10)
+        w.sequential()
 
 
 def seq_table(curves: dict, steps) -> pd.DataFrame:

@@ -199,7 +199,7 @@ def run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False, check
               "seed_dirs": {SEED_DIR.format(i): c.seed for i, c in enumerate(cfgs)}}
     sio.atomic_write_json(out / "config.json", record)
     if stop is not None and callable(getattr(stop, "sequential", None)):
-        stop.sequential(budget(config))     # the runner's Watcher: judge seed by seed
+        stop.sequential()     # the runner's Watcher: judge seed by seed
     on_save = lambda: _write_combined(out, seeds, base)  # noqa: E731
     stopping, stopped = stop is not None, []
     for i, cfg in enumerate(cfgs):

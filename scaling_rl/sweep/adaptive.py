@@ -141,16 +141,13 @@ def replicate(t: Trial, r: int) -> Trial:
 
 def flops_per_step(config: dict, N: float, delta: float) -> float:
     """10·N·B·σ + δ: the FLOPs of one env step (F = C + δ·D, as in the analysis)."""
-    from scaling_rl.scaling.allocation import FLOPS_FACTOR
-    B = float(config.get("batch_size", 1) or 1)
-    return FLOPS_FACTOR * N * B * float(config.get("utd", 1.0)) + delta
+    from scaling_rl.scaling.allocation import compute_flops
+    return float(compute_flops(N, config.get("batch_size") or 1, config.get("utd", 1.0), 1)) + delta
 
 
 def default_delta(cells: Sequence[Cell]) -> float:
     """Median 10·N·B·σ over the candidates (the analysis' default, but of the whole candidate grid)."""
-    from scaling_rl.scaling.allocation import FLOPS_FACTOR
-    u = [FLOPS_FACTOR * c.N * float(t.config.get("batch_size", 1) or 1) * c.sigma for c in cells for t in c.trials]
-    return float(np.median(u))
+    return float(np.median([flops_per_step(t.config, c.N, 0.0) for c in cells for t in c.trials]))
 
 
 # ---- the spec block ------------------------------------------------------------------------------
@@ -207,6 +204,7 @@ def from_spec(block: Any, *, trials: Sequence[Trial], early_stop=None, seeds: in
     if target not in TARGETS:
         raise SpecError(f"adaptive.target: {target!r}; allowed: {', '.join(TARGETS)}")
     cells = cells_of(trials)
+    _budgets(trials)   # every candidate must have a budget to be costed
     sig = sorted({c.sigma for c in cells})
     ns = sorted({c.N for c in cells})
     if target == "frontier" and (len(sig) < 3 or len(ns) < 3):
@@ -400,33 +398,29 @@ def _seed_variance(cap: dict, nJ: int) -> np.ndarray:
     return v
 
 
-def _target_columns(design: Design, cap: dict, widths: dict) -> tuple[str, list[np.ndarray], list[str]]:
+def _target_columns(design: Design, cap: dict, widths: dict) -> tuple[str, list[np.ndarray]]:
     """The criterion and the per-replicate values (K,) of the quantities it reduces."""
     K = cap["reps"].K if cap.get("reps") is not None else 0
     ok = lambda scope: cap["reps"].ok(scope)   # noqa: E731
     if design.target == "points":
-        cols, names = [], []
+        cols = []
         for key in design.points:
             for j in range(len(design.thresholds)):
                 law = cap["laws"].get((key[0], j))
                 if law is not None:
-                    v = _predict(law, key[1], key[2])[1]
-                    cols.append(np.where(ok(law["scope"]), v, np.nan))
-                    names.append(f"{key} J{j}")
-        return "target points' D_J", cols, names
-    cols, names = [], []
+                    cols.append(np.where(ok(law["scope"]), _predict(law, key[1], key[2])[1], np.nan))
+        return "target points' D_J", cols
+    cols = []
     for (task, tg), bl in cap.get("budget_laws", {}).items():
         if tg not in ("sigma", "N"):
             continue
-        name = f"{task}:{'sigma' if tg == 'sigma' else 'N'}*(F) exponent"
-        if widths.get(name, {}).get("width", math.inf) <= design.tolerance:
+        if widths.get(f"{task}:{tg}*(F) exponent", {}).get("width", math.inf) <= design.tolerance:
             continue   # narrow enough already: spend nothing on it
         v = np.where(ok(bl["scope"]), bl["reps"], np.nan)
         if np.isfinite(v).sum() >= max(MIN_REPLICATES, 0.5 * K):
             cols.append(v)
-            names.append(name)
     if cols:
-        return "frontier exponents", cols, names
+        return "frontier exponents", cols
     for (task, j), o in cap.get("optima", {}).items():   # no budget law yet: the per-threshold optima
         row = o["row"]
         for ax in ("sigma", "N"):
@@ -435,8 +429,7 @@ def _target_columns(design: Design, cap: dict, widths: dict) -> tuple[str, list[
                 v = np.where(ok(o["scope"]), v, np.nan)
                 if np.isfinite(v).sum() >= MIN_REPLICATES:
                     cols.append(v)
-                    names.append(f"{task}:log {ax}* at J{j}")
-    return ("per-threshold optima", cols, names) if cols else ("", [], [])
+    return ("per-threshold optima", cols) if cols else ("", [])
 
 
 def propose(design: Design, cells: Sequence[Cell], counts: dict, cap: dict | None, widths: dict, delta: float,
@@ -447,17 +440,20 @@ def propose(design: Design, cells: Sequence[Cell], counts: dict, cap: dict | Non
     if not free:
         return "exhausted", []
 
-    def cost(c: Cell, steps=None) -> float:
-        return sum(design.seeds * (steps or budget_steps[t.id]) * flops_per_step(t.config, c.N, delta)
+    exp_steps: dict = {}   # cell -> trial -> the steps it should need (early stopping), else its budget
+
+    def cost(c: Cell) -> float:
+        steps = exp_steps.get(c.key, {})
+        return sum(design.seeds * steps.get(t.id, budget_steps[t.id]) * flops_per_step(t.config, c.N, delta)
                    for t in c.trials)
 
     laws = {} if cap is None else cap.get("laws", {})
-    criterion, cols, names = _target_columns(design, cap, widths) if laws else ("", [], [])
+    criterion, cols = _target_columns(design, cap, widths) if laws else ("", [])
     if not laws:  # no law yet: space filling in (log σ, log N)
         return "space filling", _space_filling(design, cells, counts, cost, budget_left)
     # predicted log D_J at every free cell and threshold, per replicate
     K = cap["reps"].K
-    F, where, exp_steps = [], [], {}
+    F, where = [], []
     for c in free:
         top = None
         for j in range(nJ):
@@ -503,8 +499,7 @@ def propose(design: Design, cells: Sequence[Cell], counts: dict, cap: dict | Non
             else:   # prediction variance: the total variance of every prediction it removes
                 S_ac = Sigma[nq:, idx]
                 gain = float(np.trace(S_ac @ np.linalg.pinv(S_cc) @ S_ac.T)) / max(len(where), 1)
-            cst = cost(c, None) if c.key not in exp_steps else sum(
-                design.seeds * exp_steps[c.key][t.id] * flops_per_step(t.config, c.N, delta) for t in c.trials)
+            cst = cost(c)
             if spent + cst > budget_left:
                 continue
             score = gain / cst
@@ -553,25 +548,28 @@ def _space_filling(design: Design, cells, counts, cost, budget_left) -> list[dic
 
 
 # ---- compute accounting --------------------------------------------------------------------------
-def spent(table, trials: Sequence[Trial], delta: float) -> dict:
-    """Env steps and FLOPs (F = C + δ·D) spent by `trials`: each trial's seeds × the last env step it ran."""
-    by_id = {t.id: t for t in trials}
-    cells = {t.id: _param_count(t) for t in trials}
-    env, flops = 0.0, 0.0
-    if len(table):
-        last = table.groupby(["trial_id", "seed_index"])["env_steps"].max()
-        for (tid, _), steps in last.items():
-            if tid in by_id:
-                env += float(steps)
-                flops += float(steps) * flops_per_step(by_id[tid].config, cells[tid], delta)
-    return {"env_steps": env, "flops": flops}
+def spent(table, delta: float) -> dict:
+    """Env steps and FLOPs (F = C + δ·D) spent by the trials of a collected `table`: each seed's last
+    env step, times its trial's 10·N·B·σ + δ (N, B, σ: the table's param_count, batch_size, utd)."""
+    if not len(table):
+        return {"env_steps": 0.0, "flops": 0.0}
+    cols = {c: (c, "first") for c in ("param_count", "batch_size", "utd") if c in table.columns}
+    last = table.groupby(["trial_id", "seed_index"]).agg(steps=("env_steps", "max"), **cols)
+    last = last.fillna({c: 1.0 for c in ("batch_size", "utd") if c in last.columns})
+    flops = sum(float(r.steps) * flops_per_step(r._asdict(), float(r.param_count), delta)
+                for r in last.itertuples(index=False))
+    return {"env_steps": float(last["steps"].sum()), "flops": flops}
 
 
-def _budget_steps(t: Trial) -> float:
-    steps = t.config.get("env_steps")
-    if steps is None:
-        raise SpecError("adaptive: the agent's config has no env_steps budget; the design needs one to cost trials")
-    return float(steps)
+def _budgets(trials: Sequence[Trial]) -> dict:
+    """trial id -> its per-seed budget (`early_stop.budget_of`: config env_steps, or the kind's own)."""
+    from scaling_rl.sweep import registry
+    from scaling_rl.sweep.early_stop import budget_of
+    out = {t.id: budget_of(t.config, registry.get(t.agent)) for t in trials}
+    missing = [tid for tid, b in out.items() if b is None]
+    if missing:
+        raise SpecError(f"adaptive: trial {missing[0]} has no budget (env_steps); the design needs one to cost trials")
+    return out
 
 
 # ---- the driver ----------------------------------------------------------------------------------
@@ -586,9 +584,8 @@ def run_adaptive(spec, *, backend: str | None = None, workers: int | None = None
     design: Design = spec.adaptive
     cells = cells_of(spec.trials)
     delta = design.delta if design.delta is not None else default_delta(cells)
-    budget_steps = {t.id: _budget_steps(t) for c in cells for t in c.trials}
+    budget_steps = _budgets(spec.trials)
     state = load_state(spec.out_dir)
-    state.setdefault("delta", delta)
     if not state["rounds"]:
         init = initial_cells(design, cells)
         state["rounds"].append({"round": 0, "criterion": f"initial design ({design.initial if isinstance(design.initial, str) else 'given points'})",
@@ -607,7 +604,7 @@ def run_adaptive(spec, *, backend: str | None = None, workers: int | None = None
                   ray_address=ray_address, trials=[t for t in trials if t.id in mine])
         fit, cap, table = fit_round(spec, design, trials, delta, progress=fit_progress)
         widths = target_widths(fit, design, cap)
-        used = spent(table, trials, delta)
+        used = spent(table, delta)
         left = math.inf if design.max_compute is None else design.max_compute - used["flops"]
         met = bool(widths) and all(w["width"] <= design.tolerance for w in widths.values())
         confirm = None

@@ -81,7 +81,6 @@ from typing import Any
 import numpy as np
 
 KEYS = ("metric", "thresholds", "margin", "patience", "unreachable", "min_fraction", "rate_factor")
-REASONS = ("reached", "unreachable")
 RECORD = "early_stop.json"   # in the trial (or pack) directory: the decision, written when it fires
 
 
@@ -262,7 +261,7 @@ class Watcher:
     """`stop(chunk, df) -> dict | None` for one trial: evaluates the rule, records a firing decision
     in `<dir>/early_stop.json`, and afterwards tells the runner what happened (`final`).
 
-    A kind whose seeds run one after another calls `sequential(budget)` first; from then on each
+    A kind whose seeds run one after another calls `sequential()` first; from then on each
     call judges the one seed whose rows it is given (module docstring)."""
 
     def __init__(self, rule: Rule, budget: int | None, directory):
@@ -270,15 +269,11 @@ class Watcher:
         self.fired: Decision | None = None
         self.seed_fired: dict | None = None    # sequential: seed -> its Decision
 
-    def sequential(self, budget: int | None = None) -> None:
-        """Switch to seed-by-seed judging (kinds whose seeds run one after another). `budget`: the
-        per-seed budget in the table's env_steps unit, used when the runner had none (a config
-        without `env_steps`)."""
+    def sequential(self) -> None:
+        """Switch to seed-by-seed judging (kinds whose seeds run one after another)."""
         if self.rule.unreachable:   # refused at spec time (from_spec); never ignore a rule silently
             raise ValueError("early_stop.unreachable: not supported for a kind whose seeds run one "
                              "after another; remove it")
-        if self.budget is None:
-            self.budget = budget
         if self.seed_fired is None:
             self.seed_fired = {}
 

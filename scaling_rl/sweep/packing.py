@@ -105,7 +105,7 @@ def run_pack(store: Store, group: list[str], opts, run_single) -> int:
                 if not kind.stoppable:   # refused at spec time; never ignore a rule silently
                     raise ValueError(f"early_stop: agent {first.agent!r} cannot stop a trial early")
                 pdir.mkdir(parents=True, exist_ok=True)
-                watcher = early_stop.PackWatcher(opts.early_stop, early_stop.budget_of(first.config), pdir,
+                watcher = early_stop.PackWatcher(opts.early_stop, early_stop.budget_of(first.config, kind), pdir,
                                                  len(claims), n)
                 extra["stop"] = watcher
             df = kind.run(first.config, str(pdir), n * len(claims), first.seed, wandb=False,

@@ -40,7 +40,7 @@ class TrialKind:
          table, and a later rerun returns that table without training more (sweep/early_stop.py).
          Kinds that cannot are refused by a spec's `early_stop:`.
     sequential: whether run() trains its seeds one after another (grpo) rather than together: such
-         a kind calls `stop.sequential(budget)` when `stop` has it, then asks `stop` about one seed's
+         a kind calls `stop.sequential()` when `stop` has it, then asks `stop` about one seed's
          rows at a time and stops that seed only; the trial counts as stopped when every seed did
          (sweep/early_stop.py). Its `early_stop.unreachable` is refused.
     budget: None, or (config: dict) -> the per-seed budget in the table's env_steps unit, for a kind

@@ -123,7 +123,7 @@ def run_claimed(store: Store, claim: Claim, opts: RunOptions) -> str:
         if opts.early_stop is not None:
             if not kind.stoppable:   # refused at spec time; never ignore a rule silently
                 raise ValueError(f"early_stop: agent {trial.agent!r} cannot stop a trial early")
-            watcher = early_stop.Watcher(opts.early_stop, early_stop.budget_of(trial.config), tdir)
+            watcher = early_stop.Watcher(opts.early_stop, early_stop.budget_of(trial.config, kind), tdir)
             extra["stop"] = watcher
         t_run = time.time()
         df = kind.run(trial.config, str(tdir), trial.seeds, trial.seed,
