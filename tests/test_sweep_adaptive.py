@@ -265,3 +265,27 @@ def test_points_target_narrows_d_j_where_asked(tmp_path):
     # the target cell is not in the 3x3 initial design: measuring it (or its neighbours) is what helps
     assert any((p["sigma"], p["N"]) == (1.0, 548.0 ** 2) for p in r1["proposals"])
     assert r0["fit"]["remaining_flops"] == pytest.approx(1e19 - r0["fit"]["flops"])
+
+
+def test_early_stopping_costs_a_trial_by_the_highest_threshold_with_a_law(tmp_path):
+    """With early stopping a candidate is costed by the steps the law says it needs to reach the top
+    threshold — the highest one with a fitted law when the top ones have none yet."""
+    import dataclasses
+    spec = parse_spec(spec_dict(tmp_path / "s", adaptive={"batch": 1}))
+    design = dataclasses.replace(spec.adaptive, early_stop=True)
+    cells = ad.cells_of(spec.trials)
+    K = 50
+    rng = np.random.default_rng(1)
+    laws = {}
+    for j, d_min in ((0, 1e4), (1, 1e5)):   # thresholds 2..4: no law
+        p = {"D_min": d_min, "a": 1.0, "alpha": 1.0, "b": 1e5, "beta": 1.0}
+        laws[("toy/law", j)] = {"point": p, "fixed": {}, "scope": "t",
+                                "reps": [{**p, "a": float(np.exp(0.2 * rng.standard_normal()))} for _ in range(K)]}
+    cap = {"reps": _Reps(K), "laws": laws, "optima": {}, "budget_laws": {}}
+    steps = {t.id: float(BUDGET) for c in cells for t in c.trials}
+    crit, picks = ad.propose(design, cells, {}, cap, {}, 1e15, np.inf, steps)
+    (p,) = picks
+    cell = next(c for c in cells if (c.sigma, c.N) == (p["sigma"], p["N"]))
+    need = 1.25 * np.exp(ad._predict(laws[("toy/law", 1)], cell.sigma, cell.N)[0])
+    assert need < BUDGET
+    assert p["predicted_cost"] == pytest.approx(4 * need * ad.flops_per_step(cell.trials[0].config, cell.N, 1e15))

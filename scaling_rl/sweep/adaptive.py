@@ -463,7 +463,7 @@ def propose(design: Design, cells: Sequence[Cell], counts: dict, cap: dict | Non
             est, v = _predict(law, c.sigma, c.N)
             F.append(np.where(cap["reps"].ok(law["scope"]), v, np.nan))
             where.append((c.key, j))
-            top = est if j == nJ - 1 or top is None else top
+            top = est   # thresholds ascend: the highest one with a law is what the trial must reach
         if design.early_stop and top is not None:   # early stopping: the trial runs about as long as it needs
             exp_steps[c.key] = {t.id: min(budget_steps[t.id], 1.25 * math.exp(top)) for t in c.trials}
     if not cols:
