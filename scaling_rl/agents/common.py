@@ -56,6 +56,7 @@ import optax
 
 from scaling_rl import envs as envs_lib
 from scaling_rl import replay as replay_lib
+from scaling_rl.eval_schedule import eval_schedule_error
 
 MAX_UTD_DENOMINATOR = 64
 
@@ -308,8 +309,6 @@ class BaseConfig:
             v = getattr(self, key)
             if not _is_int(v) or v < 1:
                 raise ValueError(f"{key}: must be an integer >= 1, got {v!r}; e.g. {_example(key)}")
-        from scaling_rl.train import eval_schedule_error
-
         if (err := eval_schedule_error(self.eval_schedule, self.eval_points)) is not None:
             raise ValueError(err)
         for key in ("reset_every", "learning_starts"):

@@ -1,0 +1,27 @@
+"""Layering: learners do not import the training loop (the loop calls learners, not the reverse)."""
+import subprocess
+import sys
+
+
+def _loaded_after(module: str) -> set[str]:
+    # Import the learner and build (hence validate) its default config.
+    code = (f"import sys, importlib; m = importlib.import_module({module!r}); "
+            "getattr(m, 'Config', getattr(m, 'BaseConfig', None))(); "
+            "print('\\n'.join(m for m in sys.modules if m.startswith('scaling_rl')))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return set(out.stdout.split())
+
+
+def test_agents_do_not_import_the_training_loop():
+    for agent in ("scaling_rl.agents.sac", "scaling_rl.agents.dqn", "scaling_rl.agents.crl"):
+        loaded = _loaded_after(agent)
+        assert agent in loaded
+        assert "scaling_rl.train" not in loaded, agent
+
+
+def test_eval_schedule_is_one_function_reexported_by_train():
+    from scaling_rl import eval_schedule, train
+    assert train.eval_schedule_error is eval_schedule.eval_schedule_error
+    assert train.eval_chunks is eval_schedule.eval_chunks
+    assert eval_schedule.eval_schedule_error("log", 1).startswith("eval_points")
+    assert eval_schedule.eval_schedule_error("log", 4) is None
