@@ -608,7 +608,9 @@ class GRPOTrainer:
             splits = [(g[:, None] * c.group_size + np.arange(c.group_size)).reshape(-1) for g in groups]
         # as TRL's num_items_in_batch: the completion tokens of the whole generation batch, so a
         # minibatch's loss is its token sum over that count and the minibatches add up to dapo
-        num_items = mask.sum().cpu()
+        # a Python number, not a tensor: an array would be committed to the device it was made on
+        # (the host) and the jitted objective, whose inputs sit on JAX's GPU, would refuse it
+        num_items = float(mask.sum())
         self.model.train()
         logs: dict[str, list] = {}
         for _ in range(c.num_iterations):
