@@ -89,3 +89,180 @@ def test_mixed_placement_with_two_forced_devices_and_no_preallocation():
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["MIXED_RAISES", "FLOAT_OK"]
+
+
+# ---- 2. memory on a real vocabulary: selective, chunked log-softmax -------------------------------
+
+QWEN_VOCAB = 151_936  # Qwen2.5's vocabulary: the logits, not the weights, are what grow
+
+
+class _Sizes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Bytes of every tensor an op produces (the full-vocabulary copies are what we look for)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        for t in (out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.sizes.append(t.untyped_storage().nbytes())  # new memory, not a view
+        return out
+
+
+@pytest.fixture(scope="module")
+def big_vocab_dir(tmp_path_factory):
+    """A Qwen2 model from the real architecture's config with the real vocabulary size (tiny
+    otherwise), saved with the character tokenizer, as a user's `init_from` directory."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from scaling_rl.llm.models import char_tokenizer, save_policy
+    tok = char_tokenizer()
+    cfg = Qwen2Config(vocab_size=QWEN_VOCAB, hidden_size=8, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, intermediate_size=16,
+                      max_position_embeddings=64, tie_word_embeddings=True,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float()
+    path = tmp_path_factory.mktemp("qwen_vocab") / "model"
+    save_policy(model, tok, path)
+    return path
+
+
+def test_selective_logprobs_match_log_softmax_and_its_gradient(monkeypatch):
+    import torch.nn.functional as F
+    monkeypatch.setattr(rollout, "CHUNK_ELEMENTS", 3 * 50)  # several chunks of 3 rows
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, 50, generator=g, requires_grad=True)
+    tok = torch.randint(50, (4, 5), generator=g)
+    w = torch.randn(4, 5, generator=g)
+    for temp in (1.0, 0.7):
+        ours = rollout.selective_logprobs(x, tok, temp)
+        ref = F.log_softmax(x / temp, -1).gather(-1, tok[..., None]).squeeze(-1)
+        torch.testing.assert_close(ours, ref, rtol=0, atol=2e-6)
+        torch.testing.assert_close(torch.autograd.grad((ours * w).sum(), x)[0],
+                                   torch.autograd.grad((ref * w).sum(), x)[0], rtol=0, atol=1e-6)
+        lsm = F.log_softmax(x.detach() / temp, -1)
+        torch.testing.assert_close(rollout.chunked_entropy(x, temp), -(lsm.exp() * lsm).sum(-1),
+                                   rtol=0, atol=2e-6)
+
+
+def test_update_never_holds_more_than_one_minibatch_of_logits(big_vocab_dir, monkeypatch):
+    """One update (two minibatches, a reference pass, entropy) on a 151,936-token vocabulary: no op
+    makes a tensor larger than the logits of one training minibatch, and at most two (the logits
+    and their gradient) that large. Before: full-batch log-softmax and float32 copies."""
+    monkeypatch.setattr(rollout, "CHUNK_ELEMENTS", 4 * QWEN_VOCAB, raising=False)
+    t = GRPOTrainer(GRPOConfig(**{**TINY, "init_from": str(big_vocab_dir), "num_minibatches": 2,
+                                  "beta": 0.04, "max_completion_length": 6, "group_size": 4}))
+    t.setup()
+    try:
+        data = t.collect()
+        B, T = data["batch"].completion_ids.shape
+        logits = (B // 2) * T * QWEN_VOCAB * 4
+        with _Sizes() as seen:
+            t._update(data["batch"], data["rewards"])
+    finally:
+        t.close()
+    assert B == 8 and max(seen.sizes) <= logits, (max(seen.sizes) / logits)
+    big = [s for s in seen.sizes if s > logits // 2]
+    # per minibatch: forward logits + their gradient, twice; no-grad passes: 2 x (old, ref)
+    assert len(big) <= 2 * 2 + 2 * 2, len(big)
+
+
+# ---- 3. defaults that would change a pretrained model; budgets in tokens ------------------------
+
+@pytest.fixture(scope="module")
+def pretrained_dir(tmp_path_factory):
+    """A saved Qwen2 whose tokenizer has a multi-character token (characters are not tokens)."""
+    from scaling_rl.llm.models import char_tokenizer, save_policy, tiny_model
+    tok = char_tokenizer()
+    tok.add_tokens(["answer"])
+    model = tiny_model(tok, hidden_size=32, num_heads=2)
+    path = tmp_path_factory.mktemp("pretrained") / "model"
+    save_policy(model, tok, path)
+    return path
+
+
+def test_pretrained_model_gets_no_default_sft_and_a_token_budget(pretrained_dir):
+    from scaling_rl.llm.models import load_policy
+    cfg = {**TINY, "sft_steps": -1, "model": str(pretrained_dir)}
+    with pytest.raises(ValueError, match="^max_completion_length: 0 .* set a budget in tokens"):
+        GRPOTrainer(GRPOConfig(**cfg)).setup()
+    t = GRPOTrainer(GRPOConfig(**cfg, max_completion_length=7))
+    t.setup()
+    try:
+        saved, _ = load_policy(str(pretrained_dir))
+        assert t.sft_steps() == 0 and t.max_len == 7 and not any(k.startswith("sft/") for k in t.rows[0])
+        for (name, a), b in zip(t.model.state_dict().items(), saved.state_dict().values()):
+            assert torch.equal(a, b), name   # RL starts from the user's weights, unchanged
+        assert t.collect()["batch"].completion_ids.shape[1] == 7
+    finally:
+        t.close()
+    # the tiny built-in models keep their warm start; an explicit count is SFT on any model
+    assert GRPOTrainer(GRPOConfig(sft_steps=-1)).sft_steps() == 400
+    assert GRPOTrainer(GRPOConfig(sft_steps=5, model=str(pretrained_dir))).sft_steps() == 5
+
+
+# ---- 6, 7. what is consumed and counted: the groups actually received ---------------------------
+
+def _group(batch, index, version, worker=0):
+    from scaling_rl.llm import sources
+    b = rollout.select(batch, [0, 1])
+    b.versions = torch.full_like(b.completion_ids, version)
+    return sources.Group(index, index, b, np.zeros(2, np.float32), worker)
+
+
+def test_ordered_source_checks_the_groups_it_consumes(trainer):
+    from scaling_rl.llm import sources
+
+    class Fed(sources.OrderedSource):
+        def __init__(self, trainer, feed):
+            super().__init__(trainer)
+            self.feed = feed
+
+        def _receive(self, timeout):
+            return self.feed.pop(0) if self.feed else []
+
+    batch = trainer.collect()["batch"]
+    saved_step, before = trainer.step, trainer.counters["rollouts"]
+    trainer.step = 3                      # P = 2: step 3 takes groups 6 and 7; η = 1
+    try:
+        # out of order, plus group 5 from before a restart (generated, never trained on again)
+        src = Fed(trainer, [[_group(batch, 7, 2, worker=1), _group(batch, 5, 2)],
+                            [_group(batch, 6, 3, worker=1)]])
+        data = src.pull()
+        assert src.consumed == [6, 7] and src.consumed_from == [1, 1]
+        assert data["batch"].versions.min() == 2 and data["rewards"].shape == (4,)
+        assert trainer.counters["rollouts"] - before == 3 * 2   # every generated completion
+        # the staleness bound is checked at consumption: a version-1 token at step 3, η = 1
+        with pytest.raises(RuntimeError, match="group 6 has a token of version 1, 2 versions behind"):
+            Fed(trainer, [[_group(batch, 6, 1), _group(batch, 7, 2)]]).pull()
+    finally:
+        trainer.step = saved_step
+
+
+def test_tba_counts_generated_completions_not_replays(trainer):
+    import types
+
+    from scaling_rl.llm import sources
+    batch = trainer.collect()["batch"]
+    feed = [[_group(batch, 0, 0), _group(batch, 1, 0)], [_group(batch, 2, 1)]]
+    src = object.__new__(sources.TBASource)
+    src.trainer, src.cfg = trainer, types.SimpleNamespace(prompts_per_step=2)
+    src.buffer = sources.ReplayBuffer(8, reward_fraction=0.5, temperature=0.1, seed=0)
+    src.workers = [types.SimpleNamespace(get=lambda timeout: feed.pop(0) if feed else [])]
+    src.fresh = 1
+    before = trainer.counters["rollouts"]
+    assert len(src.pull()["rewards"]) == 4 and len(src.pull()["rewards"]) == 4
+    assert trainer.counters["rollouts"] - before == 3 * 2      # 3 groups generated, 4 trained on
+
+
+def test_trained_on_counts_completions_in_updates(trainer):
+    before = dict(trainer.counters)
+    data = trainer.collect()
+    trainer._update(data["batch"], data["rewards"])
+    trainer.model.eval()
+    assert trainer.counters["trained_on"] - before["trained_on"] == 4
+    assert trainer.counters["rollouts"] - before["rollouts"] == 4

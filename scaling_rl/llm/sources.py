@@ -67,7 +67,7 @@ class Sampler:
         self.model = model.float().to(self.device).eval().requires_grad_(False)
         self.task = make_task(cfg.task, digits=cfg.digits, countdown_numbers=cfg.countdown_numbers,
                               format_reward=cfg.format_reward, dataset=cfg.dataset, reward=cfg.reward)
-        self.max_len = cfg.max_completion_length or self.task.max_answer_chars() + 1
+        self.max_len = rollout.completion_budget(cfg.max_completion_length, self.task, tokenizer)
         self.pool = self.task.problems("train", cfg.train_pool, seed=cfg.seed)
         self.rng = np.random.default_rng(stream_seed)
         self.gen = torch.Generator(device=self.device).manual_seed(stream_seed)
@@ -301,7 +301,6 @@ def assemble(trainer, groups: list[Group]) -> dict:
     batch = rollout.Batch(*[None if v is None else v.to(trainer.device)
                             for v in (getattr(batch, f.name) for f in dataclasses.fields(batch))])
     rewards = np.concatenate([g.rewards for g in groups]).astype(np.float32)
-    trainer.counters["rollouts"] += rewards.size
     return {"generated": rewards.reshape(len(groups), -1), "rounds": 1, "skipped_prompts": 0,
             "batch": batch, "rewards": rewards}
 
@@ -337,7 +336,8 @@ class OrderedSource:
     def __init__(self, trainer):
         self.trainer = trainer
         self.pending: dict[int, Group] = {}
-        self.consumed: list[int] = []   # group indices trained on, in order
+        self.consumed: list[int] = []   # `Group.index` of every group trained on, in order
+        self.consumed_from: list[int] = []  # the `Group.worker` that generated each of them
         self.wait_s = 0.0
         self.restarts = 0               # workers replaced after dying
 
@@ -353,15 +353,32 @@ class OrderedSource:
                 raise RuntimeError(f"rollout: no groups for step {self.trainer.step} in "
                                    f"{self.timeout_s:.0f} s")
             for g in self._receive(POLL_S * 4):
+                self.trainer.counters["rollouts"] += len(g.rewards)  # generated, used or not
                 if g.index >= want[0]:  # a group from before a restart is not used twice
                     self.pending.setdefault(g.index, g)
         wait = time.perf_counter() - t0
         self.wait_s += wait
-        self.consumed += list(want)
-        data = assemble(self.trainer, [self.pending.pop(j) for j in want])
+        groups = [self.pending.pop(j) for j in want]
+        self._check(groups, want)
+        self.consumed += [g.index for g in groups]
+        self.consumed_from += [g.worker for g in groups]
+        data = assemble(self.trainer, groups)
         data["source"] = {"source/wait_s": wait, "source/queued_groups": len(self.pending),
                           "source/restarts": self.restarts}
         return data
+
+    def _check(self, groups: list[Group], want: range) -> None:
+        """At consumption: the groups are this step's, and no token is more than η versions old
+        (a violation is a bug in the source, so it stops the run rather than being logged)."""
+        step, eta = self.trainer.step, self.trainer.cfg.max_staleness
+        if [g.index for g in groups] != list(want):
+            raise RuntimeError(f"rollout: step {step} assembled groups {[g.index for g in groups]}, "
+                               f"wanted {list(want)}")
+        for g in groups:
+            if step - g.oldest_version > eta:
+                raise RuntimeError(f"rollout: group {g.index} has a token of version "
+                                   f"{g.oldest_version}, {step - g.oldest_version} versions behind "
+                                   f"step {step} (max_staleness={eta})")
 
     def state_dict(self) -> dict:
         return {}
@@ -462,6 +479,7 @@ class TBASource:
         for w in self.workers:
             for g in w.get(timeout / len(self.workers)):
                 self.buffer.add(g)
+                self.trainer.counters["rollouts"] += len(g.rewards)  # generated, not replayed
                 n += 1
         return n
 
