@@ -60,9 +60,9 @@ def test_dapo_divides_every_minibatch_by_the_generation_batch_token_count(monkey
     cfg = GRPOConfig(**dict(TINY, sft_steps=0, steps=1, num_minibatches=4, loss_type="dapo"))
     trainer = GRPOTrainer(cfg)
     seen = []
+    trainer.setup()                 # builds the objective (its max_len needs the tokenizer)
     inner = trainer.objective
     trainer.objective = lambda *a: (seen.append((float(a[4].sum()), float(a[5]))), inner(*a))[1]
-    trainer.setup()
     try:
         data = trainer.collect()
         trainer._update(data["batch"], data["rewards"])

@@ -266,3 +266,71 @@ def test_trained_on_counts_completions_in_updates(trainer):
     trainer.model.eval()
     assert trainer.counters["trained_on"] - before["trained_on"] == 4
     assert trainer.counters["rollouts"] - before["rollouts"] == 4
+
+
+# ---- 4. Ray: actors on the trainer's device, units ahead of pull(), close() ---------------------
+
+class _FakeRay:
+    """The slice of the `ray` API RaySource uses, recording placement and calls."""
+
+    class exceptions:
+        RayActorError = ActorDiedError = ActorUnavailableError = RuntimeError
+
+    def __init__(self, gpus):
+        self.initialized, self.shutdowns, self.gpus = False, 0, gpus
+        self.options, self.specs, self.calls = None, [], []
+
+    def is_initialized(self):
+        return self.initialized
+
+    def init(self, **kw):
+        self.initialized = True
+
+    def shutdown(self):
+        self.initialized, self.shutdowns = False, self.shutdowns + 1
+
+    def cluster_resources(self):
+        return {"CPU": 2.0, "GPU": float(self.gpus)}
+
+    def put(self, x):
+        return object()
+
+    def kill(self, actor, no_restart=True):
+        pass
+
+    def remote(self, **options):
+        import types
+        self.options = options
+        fake = self
+
+        def actor(spec):
+            fake.specs.append(spec)
+            gen = types.SimpleNamespace(remote=lambda *a: fake.calls.append(a) or object())
+            return types.SimpleNamespace(generate=gen)
+        return lambda cls: types.SimpleNamespace(remote=actor)
+
+
+def test_ray_actors_use_the_gpu_get_units_ahead_and_close_their_ray(trainer, monkeypatch):
+    import types
+
+    from scaling_rl.llm.ray_source import RaySource
+    cfg = GRPOConfig(**{**TINY, "rollout": "ray", "searchers": 2, "max_staleness": 2})
+    fake_trainer = types.SimpleNamespace(cfg=cfg, step=0, model=trainer.model,
+                                         tokenizer=trainer.tokenizer, device=torch.device("cuda"))
+    ray = _FakeRay(gpus=1)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    src = RaySource(fake_trainer)
+    assert ray.options["num_gpus"] == 0.5 and {s["device"] for s in ray.specs} == {"cuda"}
+    # η = 2, K = 2 units per step: steps 0..2 (units 0..5) start now, before any pull(), queued
+    # three per actor; a new version unlocks step 3
+    assert sorted(c[0] for c in ray.calls) == [0, 1, 2, 3, 4, 5]       # first group of each unit
+    assert [c[4] for c in ray.calls].count(0) == 3
+    src.publish(trainer.model, 1)
+    assert len(ray.calls) == 8
+    src.close()
+    assert ray.shutdowns == 1 and not ray.initialized                 # it started Ray: it stops it
+    no_gpu = _FakeRay(gpus=0)
+    monkeypatch.setitem(sys.modules, "ray", no_gpu)
+    with pytest.raises(ValueError, match="^device: cuda with rollout=ray, but the Ray cluster has no GPU"):
+        RaySource(fake_trainer)                                       # no silent CPU fallback
+    assert no_gpu.shutdowns == 1
