@@ -334,3 +334,60 @@ def test_ray_actors_use_the_gpu_get_units_ahead_and_close_their_ray(trainer, mon
     with pytest.raises(ValueError, match="^device: cuda with rollout=ray, but the Ray cluster has no GPU"):
         RaySource(fake_trainer)                                       # no silent CPU fallback
     assert no_gpu.shutdowns == 1
+
+
+# ---- 5. weight shipping and per-step reads ------------------------------------------------------
+
+def test_weights_ship_each_tensor_once_by_value_and_load_back(trainer):
+    from transformers import AutoModelForCausalLM
+
+    from scaling_rl.llm import sources
+    model = trainer.model
+    full = model.state_dict()
+    state = sources.cpu_state(model)
+    # the tied LM head is the embedding: listed twice by state_dict(), shipped once
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert set(full) - set(state) == {"lm_head.weight"}
+    assert sum(v.numel() for v in state.values()) == sum(p.numel() for p in model.parameters())
+    packed = sources.pack_state(state)           # numpy: by value through a pipe, no /dev/shm
+    assert all(isinstance(v, np.ndarray) for v in packed.values())
+    twin = AutoModelForCausalLM.from_config(model.config, attn_implementation="sdpa")
+    sources.load_weights(twin, packed)
+    for k, v in twin.state_dict().items():
+        assert torch.equal(v, full[k]), k
+    with pytest.raises(KeyError, match="model.norm.weight"):
+        sources.load_weights(twin, {k: v for k, v in packed.items() if k != "model.norm.weight"})
+
+
+class _ScalarReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts tensor -> Python scalar reads (a device sync each on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+        return func(*args, **(kwargs or {}))
+
+
+def test_pipeline_decode_reads_the_device_once_per_step_not_per_row(trainer):
+    from scaling_rl.llm import inflight
+    tok = trainer.tokenizer
+    requests = [(i, tok("12+34=", add_special_tokens=False)["input_ids"]) for i in range(8)]
+    polls, done = [0], {}
+
+    def poll(idle):
+        polls[0] += 1
+        return 0
+
+    with _ScalarReads() as reads:
+        inflight.decode_stream(trainer.model, slots=8,
+                               next_request=lambda: requests.pop(0) if requests else None,
+                               poll=poll, emit=lambda k, *rest: done.__setitem__(k, rest),
+                               should_stop=lambda: len(done) == 8, max_new_tokens=6,
+                               eos_id=(), pad_id=tok.pad_token_id,
+                               generator=torch.Generator().manual_seed(0))
+    assert len(done) == 8 and all(len(v[1]) == 6 for v in done.values())
+    # 8 live rows x 6 steps: 4 reads per row per step would be 192; now a few per step
+    assert reads.n <= 3 * polls[0], (reads.n, polls[0])

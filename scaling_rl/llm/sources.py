@@ -77,7 +77,7 @@ class Sampler:
 
     def load(self, state: dict, version: int) -> None:
         """New weights, in place (running sequences keep their KV cache)."""
-        self.model.load_state_dict(state)
+        load_weights(self.model, state)
         self.version = int(version)
 
     def next_problem(self):
@@ -139,9 +139,47 @@ def _to_cpu(batch: rollout.Batch) -> rollout.Batch:
                            for v in (getattr(batch, f.name) for f in dataclasses.fields(batch))])
 
 
+def _aliases(state: dict) -> set[str]:
+    """Keys of `state` whose tensor is one listed earlier (tied weights: the LM head sharing the
+    embedding appears twice in `state_dict()`)."""
+    seen, out = set(), set()
+    for k, v in state.items():
+        key = (v.data_ptr(), tuple(v.shape), v.dtype)
+        if key in seen:
+            out.add(k)
+        seen.add(key)
+    return out
+
+
 def cpu_state(model) -> dict:
-    """The model's weights as CPU tensors (what is shipped to workers for one version)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    """The model's weights as CPU tensors, each tensor once (tied weights are not shipped twice):
+    what is shipped to workers for one version; load it with `load_weights`."""
+    state = model.state_dict()
+    skip = _aliases(state)
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items() if k not in skip}
+
+
+def pack_state(state: dict) -> dict:
+    """CPU weights -> numpy arrays (bfloat16 as ("bfloat16", int16 bits)): pickled by value through
+    a process queue's pipe. Torch tensors would each go through a /dev/shm segment, and Docker's
+    default 64 MB /dev/shm cannot hold one version of a 0.5B model."""
+    return {k: ("bfloat16", v.view(torch.int16).numpy()) if v.dtype == torch.bfloat16 else v.numpy()
+            for k, v in state.items()}
+
+
+def _unpack_tensor(v):
+    if isinstance(v, tuple):
+        return torch.from_numpy(v[1]).view(torch.bfloat16)
+    return torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+
+
+def load_weights(model, state: dict) -> None:
+    """`cpu_state` / `pack_state` weights into `model`, in place; only tied aliases may be absent."""
+    state = {k: _unpack_tensor(v) for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    bad = sorted(set(missing) - _aliases(model.state_dict())) + sorted(unexpected)
+    if bad:
+        raise KeyError(f"weights: {bad[0]} missing or unexpected in a shipped state")
 
 
 def build_sampler(spec: dict) -> Sampler:
@@ -154,7 +192,7 @@ def build_sampler(spec: dict) -> Sampler:
     torch.set_num_threads(1)
     cfg = types.SimpleNamespace(**spec["config"])
     model = AutoModelForCausalLM.from_config(spec["model_config"], attn_implementation="sdpa")
-    model.load_state_dict(spec["state"])
+    load_weights(model, spec["state"])
     sampler = Sampler(cfg, model, spec["tokenizer"], spec["stream_seed"], spec["device"])
     sampler.version = spec["version"]
     return sampler
@@ -250,7 +288,7 @@ class _Worker:
         self.weights_q, self.out_q = ctx.Queue(), ctx.Queue(maxsize=depth)
         self.stop_ev = ctx.Event()
         spec = {"config": dataclasses.asdict(c), "model_config": trainer.model.config,
-                "state": cpu_state(trainer.model), "tokenizer": trainer.tokenizer,
+                "state": pack_state(cpu_state(trainer.model)), "tokenizer": trainer.tokenizer,
                 "stream_seed": c.seed * 7919 + 1 + worker + 104729 * trainer.step,
                 "device": str(trainer.device), "version": trainer.step, "parent_pid": os.getpid(),
                 "mode": mode, "worker": worker, "first_index": first_index}
@@ -415,7 +453,7 @@ class ProcessSource(OrderedSource):
             return []
 
     def publish(self, model, version: int) -> None:
-        self.worker.send(cpu_state(model), version)
+        self.worker.send(pack_state(cpu_state(model)), version)
 
     def close(self) -> None:
         self.worker.close()
@@ -495,7 +533,7 @@ class TBASource:
 
     def publish(self, model, version: int) -> None:
         if version % self.cfg.sync_every == 0:
-            state = cpu_state(model)
+            state = pack_state(cpu_state(model))     # packed once, sent to every searcher
             for w in self.workers:
                 w.send(state, version)
 
