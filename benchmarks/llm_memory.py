@@ -5,7 +5,8 @@ log-softmax, in units of the logits of one training micro-batch (mb x T x V floa
 
 Each cell runs in a fresh process on the CPU: a Qwen2-architecture model with the real vocabulary
 and a tiny body (so the logits dominate), the kernel's peak-RSS mark reset just before the pass
-(/proc/self/clear_refs), peak RSS minus the RSS before it. Passes:
+(/proc/self/clear_refs), peak RSS minus the RSS before it, with glibc's mmap threshold fixed at
+128 KiB so freed buffers leave the RSS. Passes:
 - `no-grad`: the old / reference log-probs of the whole generation batch (B rows);
 - `grad`: one training micro-batch (mb rows) forward + backward, with the entropy, as the trainer.
 `before` is the former code path (all B rows at once, the kept logits sliced, a float32 copy, a full
@@ -128,7 +129,10 @@ def main() -> None:
     print(f"B={args.batch} mb={args.micro} T={args.length} V={args.vocab}: "
           f"logits of one micro-batch = {unit / 2**20:.0f} MiB (the unit below)")
     print(f"{'pass':8s} {'before':>8s} {'after':>8s}   peak RSS / logits(mb), one fresh process each")
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1"}
+    # a fixed mmap threshold: every large buffer is its own mapping, returned to the OS when freed,
+    # so peak RSS follows live memory (glibc's dynamic threshold would keep freed chunks resident)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
+           "MALLOC_MMAP_THRESHOLD_": "131072"}
     for pass_ in ("no-grad", "grad"):
         ratios = []
         for variant in ("before", "after"):
