@@ -144,6 +144,13 @@ def test_selective_logprobs_match_log_softmax_and_its_gradient(monkeypatch):
         torch.testing.assert_close(ours, ref, rtol=0, atol=2e-6)
         torch.testing.assert_close(torch.autograd.grad((ours * w).sum(), x)[0],
                                    torch.autograd.grad((ref * w).sum(), x)[0], rtol=0, atol=1e-6)
+        # consume: the gradient is written over (a copy of) the logits, same values
+        y = x.detach().clone().requires_grad_()
+        z = y * 1.0
+        torch.testing.assert_close(
+            torch.autograd.grad((rollout.selective_logprobs(z, tok, temp, consume=True) * w).sum(), y)[0],
+            torch.autograd.grad((F.log_softmax(x / temp, -1).gather(-1, tok[..., None]).squeeze(-1)
+                                 * w).sum(), x)[0], rtol=0, atol=1e-6)
         lsm = F.log_softmax(x.detach() / temp, -1)
         torch.testing.assert_close(rollout.chunked_entropy(x, temp), -(lsm.exp() * lsm).sum(-1),
                                    rtol=0, atol=2e-6)
@@ -167,8 +174,9 @@ def test_update_never_holds_more_than_one_minibatch_of_logits(big_vocab_dir, mon
         t.close()
     assert B == 8 and max(seen.sizes) <= logits, (max(seen.sizes) / logits)
     big = [s for s in seen.sizes if s > logits // 2]
-    # per minibatch: forward logits + their gradient, twice; no-grad passes: 2 x (old, ref)
-    assert len(big) <= 2 * 2 + 2 * 2, len(big)
+    # per minibatch: the forward's logits (the gradient reuses them), twice; no-grad passes:
+    # 2 x (old, ref)
+    assert len(big) <= 2 + 2 * 2, len(big)
 
 
 # ---- 3. defaults that would change a pretrained model; budgets in tokens ------------------------

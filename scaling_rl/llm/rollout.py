@@ -178,7 +178,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
     was given (no float32 copy); backward recomputes the softmax chunk by chunk."""
 
     @staticmethod
-    def forward(ctx, logits, tokens, temperature):
+    def forward(ctx, logits, tokens, temperature, consume):
         out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(out)
         for s, e in _chunks(logits.shape[0], logits.shape[1]):
@@ -187,7 +187,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
                 x = x / temperature
             lse[s:e] = torch.logsumexp(x, -1)
             out[s:e] = x.gather(-1, tokens[s:e, None]).squeeze(-1) - lse[s:e]
-        ctx.temperature = temperature
+        ctx.temperature, ctx.consume = temperature, consume
         ctx.save_for_backward(logits, tokens, lse)
         return out
 
@@ -195,7 +195,9 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
     def backward(ctx, grad):
         logits, tokens, lse = ctx.saved_tensors
         t = ctx.temperature
-        out = torch.empty_like(logits)
+        # consume: the gradient overwrites the logits chunk by chunk (their last use), so the
+        # backward needs no second logits-sized buffer
+        out = logits if ctx.consume else torch.empty_like(logits)
         for s, e in _chunks(logits.shape[0], logits.shape[1]):
             x = logits[s:e].float()
             if t != 1.0:
@@ -206,15 +208,17 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
             if t != 1.0:
                 g.div_(t)
             out[s:e] = g
-        return out, None, None
+        return out, None, None, None
 
 
-def selective_logprobs(logits: torch.Tensor, tokens: torch.Tensor,
-                       temperature: float = 1.0) -> torch.Tensor:
+def selective_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+                       consume: bool = False) -> torch.Tensor:
     """float32 log softmax(logits / temperature) at `tokens` ((..., V) logits, (...) tokens),
-    differentiable, peak extra memory one float32 chunk (`CHUNK_ELEMENTS`) besides the gradient."""
+    differentiable, peak extra memory one float32 chunk (`CHUNK_ELEMENTS`) besides the gradient.
+    `consume=True`: the backward writes the gradient into `logits` (nothing may read them after)."""
     V = logits.shape[-1]
-    flat = _SelectiveLogSoftmax.apply(logits.reshape(-1, V), tokens.reshape(-1), float(temperature))
+    flat = _SelectiveLogSoftmax.apply(logits.reshape(-1, V), tokens.reshape(-1), float(temperature),
+                                      bool(consume))
     return flat.view(tokens.shape)
 
 
@@ -260,8 +264,9 @@ def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completi
     out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask),
                 logits_to_keep=T, use_cache=False)
     logits = out.logits
-    logp = selective_logprobs(logits, completion_ids, temperature)
     entropy = chunked_entropy(logits.detach(), temperature) if with_entropy else None
+    # the logits die here (only log-probs and entropy are returned): the backward may reuse them
+    logp = selective_logprobs(logits, completion_ids, temperature, consume=True)
     return logp, entropy
 
 
