@@ -8,7 +8,7 @@
 Every completion carries per token its behaviour log-prob and the policy version that sampled it
 (`rollout.Batch.logp`, `.versions`). Sources:
 
-- `sync`: today's loop in the trainer's process (`trainer.collect()`); bitwise the same run.
+- `sync`: today's loop in the trainer's process (`trainer.collect()`); the same completions.
 - `async` (AReaL): one worker process with its own model copy generates whole steps ahead of the
   trainer. Group j belongs to step j // prompts_per_step and is started only once the worker holds
   weights of version >= step - η (`max_staleness`), so a consumed token is never more than η
