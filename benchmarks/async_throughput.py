@@ -8,7 +8,7 @@ the one-off worker start-up is reported separately). Time to target: wall time o
 evaluation whose held-out sampled pass@1 reaches `--target` (default: the SFT start's pass@1 +
 0.02); evaluations run only at the start and the end, so time to target is the end time or none. On this 2-core CPU the worker and the trainer share the cores, so overlap buys little;
 `benchmarks/gpu_llm.sh` runs the same comparison on a GPU. Last line: `speedup_async_over_sync=<x>`
-(completions/s of async over sync).
+(trained-on completions/s of async over sync; generated/s is reported per mode too).
 """
 from __future__ import annotations
 
@@ -58,7 +58,9 @@ def main(argv=None) -> int:
         target = args.target or start + 0.02
         hit = df[(df["step"] > 0) & (df["eval/pass@1"] >= target)]
         results[name] = {
-            "completions_per_s": float(steps["rollouts"].iloc[-1] / wall),
+            # trained-on completions: `rollouts` also counts groups received ahead of their step
+            "completions_per_s": float(steps["trained_on"].iloc[-1] / wall),
+            "generated_per_s": float(steps["rollouts"].iloc[-1] / wall),
             "wall_s": wall, "startup_s": float(df["startup_s"].iloc[0]),
             "run_s_incl_startup_and_eval": total,
             "time_to_target_s": float(df.loc[hit.index[0], "wall_s"]) if len(hit) else None,

@@ -70,13 +70,16 @@ def run_variant(name: str, eta: int | None, out: Path, base: Path, task: str, st
 
 def add_clocks(df):
     """wall_s: GRPO steps' time so far without the one-off worker start-up (the first step's
-    wait for its first groups, `startup_s`); samples: completions sampled so far."""
+    wait for its first groups, `startup_s`); samples: new completions trained on so far."""
     df = df.copy()
     wait = df["source/wait_s"] if "source/wait_s" in df else df["step_s"] * 0
     startup = float(wait[df["step"] == 1].fillna(0).sum())
     df["startup_s"] = startup
     df["wall_s"] = df["step_s"].fillna(0).cumsum() - startup * (df["step"] >= 1)
-    df["samples"] = df["rollouts"].fillna(0)
+    # `rollouts` counts generated completions (async: also groups received ahead of their step),
+    # `trained_on` those in updates (TBA: replays too); the smaller is new completions trained on
+    used = df[["rollouts", "trained_on"]].min(axis=1) if "trained_on" in df else df["rollouts"]
+    df["samples"] = used.fillna(0)
     return df
 
 

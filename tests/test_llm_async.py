@@ -16,8 +16,10 @@ torch.set_num_threads(1)
 TINY = dict(sft_steps=40, format_reward=0.5, prompts_per_step=4, group_size=4, eval_problems=16,
             train_pool=64, checkpoint_every=10, eval_every=1, hidden_size=32, num_heads=2)
 
-# Metrics of today's trainer (commit 2d11f18, before the rollout layer) for this config, as
-# float.hex: the sync source must reproduce them bit for bit.
+# Metrics of the trainer before the rollout layer (commit 2d11f18) for this config, as float.hex.
+# The sync source samples the same completions (rewards bit for bit); since the selective
+# log-softmax (issue 20: no full-vocabulary log-softmax) the log-probs differ in the last bits, so
+# loss / grad_norm / entropy agree to 5e-6 relative and kl (~1e-4) to 1e-8 absolute.
 GOLDEN_CFG = dict(TINY, steps=3, num_iterations=2, beta=0.05, loss_type="dapo", epsilon_high=0.28)
 GOLDEN = {
     "reward": ["0x1.0000000000000p-2", "0x1.6000000000000p-2", "0x1.c000000000000p-3"],
@@ -28,10 +30,12 @@ GOLDEN = {
 }
 
 
-def test_sync_source_reproduces_todays_trainer_bitwise(tmp_path):
+def test_sync_source_reproduces_the_pre_rollout_layer_trainer(tmp_path):
     df = run(GOLDEN_CFG, tmp_path / "sync")
+    assert [float(x).hex() for x in df["reward"].iloc[1:]] == GOLDEN["reward"]
     for col, want in GOLDEN.items():
-        assert [float(x).hex() for x in df[col].iloc[1:]] == want, col
+        np.testing.assert_allclose(df[col].iloc[1:].to_numpy(), [float.fromhex(x) for x in want],
+                                   rtol=5e-6, atol=1e-8, err_msg=col)
     assert (df["staleness_max"].iloc[1:] == 0).all()   # sync: every token from the current version
 
 
@@ -56,9 +60,9 @@ def test_dapo_divides_every_minibatch_by_the_generation_batch_token_count(monkey
     cfg = GRPOConfig(**dict(TINY, sft_steps=0, steps=1, num_minibatches=4, loss_type="dapo"))
     trainer = GRPOTrainer(cfg)
     seen = []
+    trainer.setup()                 # builds the objective (its max_len needs the tokenizer)
     inner = trainer.objective
     trainer.objective = lambda *a: (seen.append((float(a[4].sum()), float(a[5]))), inner(*a))[1]
-    trainer.setup()
     try:
         data = trainer.collect()
         trainer._update(data["batch"], data["rewards"])
@@ -209,7 +213,11 @@ def test_async_source_replaces_a_killed_worker_without_double_counting():
         src = trainer.source
         assert src.restarts == 1 and src.worker.proc.pid != victim.pid
         assert src.consumed == list(range(3 * 4))        # each group once, none lost
-        assert trainer.counters["rollouts"] == 3 * 4 * 4
+        # groups the killed worker (id 0) had finished may be used; once its replacement (id 1)
+        # delivers, nothing of the dead worker's reaches a batch again
+        assert src.consumed_from == sorted(src.consumed_from) and src.consumed_from[-1] == 1
+        assert trainer.counters["trained_on"] == 3 * 4 * 4
+        assert trainer.counters["rollouts"] >= 3 * 4 * 4  # + groups received ahead of their step
         assert rows[-1]["source/restarts"] == 1 and max(r["staleness_max"] for r in rows) <= 1
         worker = src.worker.proc
     finally:

@@ -96,7 +96,8 @@ def test_vargrad_hand_values():
     s = seq - np.array([1.0, 0.0, 0.0, 1.0]) / 0.5  # = (-2, 0.5, 0, -1)
     d = [(-2 - (-0.75)) ** 2, (0.5 - (-0.75)) ** 2, (0 - (-0.5)) ** 2, (-1 - (-0.5)) ** 2]
     assert float(loss) == pytest.approx(np.mean(d), rel=1e-6)
-    assert float(m["tb/log_z"]) == pytest.approx((-0.75 - 0.5) / 2, rel=1e-6)
+    # log Z = r/β - log π_θ/π_ref = -s per completion: minus the mean of the group means
+    assert float(m["tb/log_z"]) == pytest.approx((0.75 + 0.5) / 2, rel=1e-6)
     # gradient: d/dlogp_t = 2/(G·n_groups) (s_i - mean_group) on real tokens
     g = jax.grad(lambda lp: obj.vargrad_objective(lp, ref, rewards, mask, group_size=2,
                                                   tb_beta=0.5)[0])(logp)

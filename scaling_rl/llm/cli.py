@@ -97,7 +97,7 @@ def cmd_passk(args) -> int:
     from scaling_rl import io as sio
     from scaling_rl.llm.models import load_policy
     from scaling_rl.llm.passk import pass_at_k_curve
-    from scaling_rl.llm.rollout import correct_counts
+    from scaling_rl.llm.rollout import completion_budget, correct_counts
     from scaling_rl.llm.tasks import make_task
     try:
         task = make_task(args.task, digits=args.digits, countdown_numbers=args.countdown_numbers)
@@ -105,9 +105,12 @@ def cmd_passk(args) -> int:
         raise _usage_error(str(e)) from None
     torch.set_num_threads(args.threads)
     model, tok = load_policy(args.model)
+    try:
+        budget = completion_budget(args.max_completion_length, task, tok)
+    except ValueError as e:
+        raise _usage_error(str(e)) from None
     problems = task.problems("test", args.problems, seed=args.seed)
-    counts = correct_counts(model, tok, task, problems, n=args.n,
-                            max_new_tokens=args.max_completion_length or task.max_answer_chars() + 1,
+    counts = correct_counts(model, tok, task, problems, n=args.n, max_new_tokens=budget,
                             temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     curve = pass_at_k_curve(counts, args.n, ks)
     df = pd.DataFrame({"k": list(curve), "pass_at_k": list(curve.values())})

@@ -78,13 +78,18 @@ def decode_stream(model, *, slots: int, next_request: Callable[[], tuple | None]
             lp = torch.zeros(slots, device=dev)
             lp[live_t] = rollout.token_logp(logits[live_t], tok[live_t], temperature)
             stop = rollout._is_stop(tok, eos_id)
+            # one device -> host read per decode step (not four per live row): float64 holds
+            # token ids, versions and flags exactly
+            host = torch.stack([tok.double(), lp.double(), logit_version.double(),
+                                stop.double()]).tolist()
             for i in live:
                 r = rows[i]
-                r.tokens.append(int(tok[i]))
-                r.logps.append(float(lp[i]))
-                r.versions.append(int(logit_version[i]))
-                if bool(stop[i]) or len(r.tokens) >= max_new_tokens:
-                    emit(r.key, r.prompt, r.tokens, r.logps, r.versions, bool(stop[i]))
+                r.tokens.append(int(host[0][i]))
+                r.logps.append(float(host[1][i]))
+                r.versions.append(int(host[2][i]))
+                finished = bool(host[3][i])
+                if finished or len(r.tokens) >= max_new_tokens:
+                    emit(r.key, r.prompt, r.tokens, r.logps, r.versions, finished)
                     rows[i] = None
             live = [i for i in range(slots) if rows[i] is not None]
             if not live:

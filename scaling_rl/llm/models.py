@@ -29,6 +29,13 @@ def char_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
                                    unk_token="<unk>", padding_side="left")
 
 
+def one_token_per_char(tokenizer) -> bool:
+    """True for the character tokenizer (`char_tokenizer`, also after a save / load round trip):
+    every non-special token is one character, so lengths in characters are lengths in tokens."""
+    specials = set(tokenizer.all_special_tokens)
+    return all(len(t) == 1 for t in tokenizer.get_vocab() if t not in specials)
+
+
 def tiny_model(tokenizer, kind: str = "qwen2", hidden_size: int = 64, num_layers: int = 2,
                num_heads: int = 4, intermediate_size: int | None = None,
                max_positions: int = 128, seed: int = 0):

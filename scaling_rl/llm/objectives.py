@@ -194,15 +194,16 @@ def truncated_is_objective(logp, behav_logp, ref_logp, advantages, mask, num_ite
 
 def vargrad_objective(logp, ref_logp, rewards, mask, *, group_size: int, tb_beta: float):
     """Trajectory balance in VarGrad form (TBA): per prompt, the mean squared deviation of
-    s_i = log π_θ(y_i|x) - log π_ref(y_i|x) - r_i/β from its group mean (the group mean is the
-    estimate of log Z, reported as `tb/log_z`). Valid off-policy: no importance weights."""
+    s_i = log π_θ(y_i|x) - log π_ref(y_i|x) - r_i/β from its group mean. Trajectory balance,
+    log Z + log π_θ(y|x) = log π_ref(y|x) + r/β, makes log Z = -s_i: the estimate reported as
+    `tb/log_z` is minus the group mean. Valid off-policy: no importance weights."""
     mask = mask.astype(logp.dtype)
     seq = jnp.sum((logp - ref_logp) * mask, axis=-1)
     s = (seq - rewards / tb_beta).reshape(-1, group_size)
-    log_z = jnp.mean(s, axis=1, keepdims=True)
-    loss = jnp.mean((s - log_z) ** 2)
+    mean_s = jnp.mean(s, axis=1, keepdims=True)
+    loss = jnp.mean((s - mean_s) ** 2)
     stop = jax.lax.stop_gradient
-    return loss, {"tb/log_z": stop(jnp.mean(log_z)), "tb/seq_log_ratio": stop(jnp.mean(seq)),
+    return loss, {"tb/log_z": stop(-jnp.mean(mean_s)), "tb/seq_log_ratio": stop(jnp.mean(seq)),
                   "kl": stop(masked_mean(k3_kl(logp, ref_logp), mask))}
 
 

@@ -50,6 +50,21 @@ def first_stop_mask(ids: torch.Tensor, eos_id) -> tuple[torch.Tensor, torch.Tens
     return (~after_eos).long(), is_eos.any(-1)
 
 
+def completion_budget(max_completion_length: int, task, tokenizer) -> int:
+    """Completion length in tokens: `max_completion_length` when > 0; 0 means the task's longest
+    answer + EOS, which is a token count only for a one-token-per-character tokenizer (the tiny
+    built-in models). With any other tokenizer 0 is refused: characters are not tokens, and a
+    pretrained chat model writes more than the bare answer (cut off, every reward would be 0)."""
+    if max_completion_length > 0:
+        return int(max_completion_length)
+    from scaling_rl.llm.models import one_token_per_char
+    if not one_token_per_char(tokenizer):
+        raise ValueError("max_completion_length: 0 (the task's answer length in characters) needs a "
+                         "one-token-per-character tokenizer; set a budget in tokens for this model, "
+                         "e.g. max_completion_length=256")
+    return task.max_answer_chars() + 1
+
+
 def render_prompts(tokenizer, prompts: list[str], chat_template: bool = False) -> list[str]:
     """Prompts as the model sees them: through the tokenizer's chat template (one user turn plus
     the generation prompt) when `chat_template` is set and the tokenizer has one, else unchanged."""
@@ -149,26 +164,109 @@ def _sample(model, prompt_ids, prompt_mask, max_new_tokens, eos_id, pad_id, temp
     return torch.stack(tokens, dim=1), (torch.stack(logps, dim=1) if record_logp else None)
 
 
+CHUNK_ELEMENTS = 1 << 22  # float32 working set of the chunked log-softmax: 16 MB per chunk
+
+
+def _chunks(n: int, vocab: int):
+    step = max(1, CHUNK_ELEMENTS // max(vocab, 1))
+    return [(s, min(s + step, n)) for s in range(0, n, step)]
+
+
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    """log softmax(logits / T)[token] for (N, V) logits without materialising the log-softmax:
+    the chosen logit minus a float32 logsumexp, a chunk of rows at a time. Saves only the logits it
+    was given (no float32 copy); backward recomputes the softmax chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, logits, tokens, temperature, consume):
+        out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(out)
+        for s, e in _chunks(logits.shape[0], logits.shape[1]):
+            x = logits[s:e].float()
+            if temperature != 1.0:
+                x = x / temperature
+            lse[s:e] = torch.logsumexp(x, -1)
+            out[s:e] = x.gather(-1, tokens[s:e, None]).squeeze(-1) - lse[s:e]
+        ctx.temperature, ctx.consume = temperature, consume
+        ctx.save_for_backward(logits, tokens, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, tokens, lse = ctx.saved_tensors
+        t = ctx.temperature
+        # consume: the gradient overwrites the logits chunk by chunk (their last use), so the
+        # backward needs no second logits-sized buffer
+        out = logits if ctx.consume else torch.empty_like(logits)
+        for s, e in _chunks(logits.shape[0], logits.shape[1]):
+            x = logits[s:e].float()
+            if t != 1.0:
+                x = x / t
+            g = torch.exp(x - lse[s:e, None])
+            g.mul_(-grad[s:e, None])
+            g.scatter_add_(-1, tokens[s:e, None], grad[s:e, None].to(g.dtype))
+            if t != 1.0:
+                g.div_(t)
+            out[s:e] = g
+        return out, None, None, None
+
+
+def selective_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+                       consume: bool = False) -> torch.Tensor:
+    """float32 log softmax(logits / temperature) at `tokens` ((..., V) logits, (...) tokens),
+    differentiable, peak extra memory one float32 chunk (`CHUNK_ELEMENTS`) besides the gradient.
+    `consume=True`: the backward writes the gradient into `logits` (nothing may read them after)."""
+    V = logits.shape[-1]
+    flat = _SelectiveLogSoftmax.apply(logits.reshape(-1, V), tokens.reshape(-1), float(temperature),
+                                      bool(consume))
+    return flat.view(tokens.shape)
+
+
+@torch.no_grad()
+def chunked_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) per row, float32, a chunk of rows at a time."""
+    V = logits.shape[-1]
+    flat = logits.reshape(-1, V)
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    for s, e in _chunks(flat.shape[0], V):
+        x = flat[s:e].float()
+        if temperature != 1.0:
+            x = x / temperature
+        lse = torch.logsumexp(x, -1)
+        out[s:e] = lse - (torch.softmax(x, -1) * x).sum(-1)
+    return out.view(logits.shape[:-1])
+
+
 def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                        temperature: float = 1.0, with_entropy: bool = False):
+                        temperature: float = 1.0, with_entropy: bool = False,
+                        micro_batch: int | None = None):
     """Per-token log π(token | prefix) of the completion under `model` (logits / temperature).
 
-    Returns (logp (B, T), entropy (B, T) or None). Differentiable; wrap in no_grad when not needed.
+    Returns (logp (B, T), entropy (B, T) or None), float32. Differentiable; wrap in no_grad when
+    not needed. Memory: the model's logits of the rows in flight (B x T x V in its dtype) plus one
+    float32 chunk (a selective log-softmax; no full-vocabulary float32 copy or log-softmax is
+    made). `micro_batch`: without grad, run at most that many rows per forward.
     """
+    B = completion_ids.shape[0]
+    if micro_batch and B > micro_batch and not torch.is_grad_enabled():
+        parts = [completion_logprobs(model, prompt_ids[s:s + micro_batch],
+                                     prompt_mask[s:s + micro_batch],
+                                     completion_ids[s:s + micro_batch],
+                                     completion_mask[s:s + micro_batch], temperature, with_entropy)
+                 for s in range(0, B, micro_batch)]
+        return (torch.cat([p[0] for p in parts]),
+                torch.cat([p[1] for p in parts]) if with_entropy else None)
     T = completion_ids.shape[1]
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+    # the last completion token predicts nothing we score: feeding all but it makes the kept
+    # logits exactly the T positions that predict completion tokens, contiguous (no slice copy)
+    ids = torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1)
+    mask = torch.cat([prompt_mask, completion_mask[:, :-1].to(prompt_mask.dtype)], dim=1)
     out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask),
-                logits_to_keep=T + 1, use_cache=False)
-    logits = out.logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logsm = F.log_softmax(logits, dim=-1)
-    logp = logsm.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logsm.exp() * logsm).sum(-1)
+                logits_to_keep=T, use_cache=False)
+    logits = out.logits
+    entropy = chunked_entropy(logits.detach(), temperature) if with_entropy else None
+    # the logits die here (only log-probs and entropy are returned): the backward may reuse them
+    logp = selective_logprobs(logits, completion_ids, temperature, consume=True)
     return logp, entropy
 
 

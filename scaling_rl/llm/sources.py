@@ -8,7 +8,7 @@
 Every completion carries per token its behaviour log-prob and the policy version that sampled it
 (`rollout.Batch.logp`, `.versions`). Sources:
 
-- `sync`: today's loop in the trainer's process (`trainer.collect()`); bitwise the same run.
+- `sync`: today's loop in the trainer's process (`trainer.collect()`); the same completions.
 - `async` (AReaL): one worker process with its own model copy generates whole steps ahead of the
   trainer. Group j belongs to step j // prompts_per_step and is started only once the worker holds
   weights of version >= step - η (`max_staleness`), so a consumed token is never more than η
@@ -67,7 +67,7 @@ class Sampler:
         self.model = model.float().to(self.device).eval().requires_grad_(False)
         self.task = make_task(cfg.task, digits=cfg.digits, countdown_numbers=cfg.countdown_numbers,
                               format_reward=cfg.format_reward, dataset=cfg.dataset, reward=cfg.reward)
-        self.max_len = cfg.max_completion_length or self.task.max_answer_chars() + 1
+        self.max_len = rollout.completion_budget(cfg.max_completion_length, self.task, tokenizer)
         self.pool = self.task.problems("train", cfg.train_pool, seed=cfg.seed)
         self.rng = np.random.default_rng(stream_seed)
         self.gen = torch.Generator(device=self.device).manual_seed(stream_seed)
@@ -77,7 +77,7 @@ class Sampler:
 
     def load(self, state: dict, version: int) -> None:
         """New weights, in place (running sequences keep their KV cache)."""
-        self.model.load_state_dict(state)
+        load_weights(self.model, state)
         self.version = int(version)
 
     def next_problem(self):
@@ -139,9 +139,47 @@ def _to_cpu(batch: rollout.Batch) -> rollout.Batch:
                            for v in (getattr(batch, f.name) for f in dataclasses.fields(batch))])
 
 
+def _aliases(state: dict) -> set[str]:
+    """Keys of `state` whose tensor is one listed earlier (tied weights: the LM head sharing the
+    embedding appears twice in `state_dict()`)."""
+    seen, out = set(), set()
+    for k, v in state.items():
+        key = (v.data_ptr(), tuple(v.shape), v.dtype)
+        if key in seen:
+            out.add(k)
+        seen.add(key)
+    return out
+
+
 def cpu_state(model) -> dict:
-    """The model's weights as CPU tensors (what is shipped to workers for one version)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    """The model's weights as CPU tensors, each tensor once (tied weights are not shipped twice):
+    what is shipped to workers for one version; load it with `load_weights`."""
+    state = model.state_dict()
+    skip = _aliases(state)
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items() if k not in skip}
+
+
+def pack_state(state: dict) -> dict:
+    """CPU weights -> numpy arrays (bfloat16 as ("bfloat16", int16 bits)): pickled by value through
+    a process queue's pipe. Torch tensors would each go through a /dev/shm segment, and Docker's
+    default 64 MB /dev/shm cannot hold one version of a 0.5B model."""
+    return {k: ("bfloat16", v.view(torch.int16).numpy()) if v.dtype == torch.bfloat16 else v.numpy()
+            for k, v in state.items()}
+
+
+def _unpack_tensor(v):
+    if isinstance(v, tuple):
+        return torch.from_numpy(v[1]).view(torch.bfloat16)
+    return torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+
+
+def load_weights(model, state: dict) -> None:
+    """`cpu_state` / `pack_state` weights into `model`, in place; only tied aliases may be absent."""
+    state = {k: _unpack_tensor(v) for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    bad = sorted(set(missing) - _aliases(model.state_dict())) + sorted(unexpected)
+    if bad:
+        raise KeyError(f"weights: {bad[0]} missing or unexpected in a shipped state")
 
 
 def build_sampler(spec: dict) -> Sampler:
@@ -154,7 +192,7 @@ def build_sampler(spec: dict) -> Sampler:
     torch.set_num_threads(1)
     cfg = types.SimpleNamespace(**spec["config"])
     model = AutoModelForCausalLM.from_config(spec["model_config"], attn_implementation="sdpa")
-    model.load_state_dict(spec["state"])
+    load_weights(model, spec["state"])
     sampler = Sampler(cfg, model, spec["tokenizer"], spec["stream_seed"], spec["device"])
     sampler.version = spec["version"]
     return sampler
@@ -250,7 +288,7 @@ class _Worker:
         self.weights_q, self.out_q = ctx.Queue(), ctx.Queue(maxsize=depth)
         self.stop_ev = ctx.Event()
         spec = {"config": dataclasses.asdict(c), "model_config": trainer.model.config,
-                "state": cpu_state(trainer.model), "tokenizer": trainer.tokenizer,
+                "state": pack_state(cpu_state(trainer.model)), "tokenizer": trainer.tokenizer,
                 "stream_seed": c.seed * 7919 + 1 + worker + 104729 * trainer.step,
                 "device": str(trainer.device), "version": trainer.step, "parent_pid": os.getpid(),
                 "mode": mode, "worker": worker, "first_index": first_index}
@@ -301,7 +339,6 @@ def assemble(trainer, groups: list[Group]) -> dict:
     batch = rollout.Batch(*[None if v is None else v.to(trainer.device)
                             for v in (getattr(batch, f.name) for f in dataclasses.fields(batch))])
     rewards = np.concatenate([g.rewards for g in groups]).astype(np.float32)
-    trainer.counters["rollouts"] += rewards.size
     return {"generated": rewards.reshape(len(groups), -1), "rounds": 1, "skipped_prompts": 0,
             "batch": batch, "rewards": rewards}
 
@@ -337,7 +374,8 @@ class OrderedSource:
     def __init__(self, trainer):
         self.trainer = trainer
         self.pending: dict[int, Group] = {}
-        self.consumed: list[int] = []   # group indices trained on, in order
+        self.consumed: list[int] = []   # `Group.index` of every group trained on, in order
+        self.consumed_from: list[int] = []  # the `Group.worker` that generated each of them
         self.wait_s = 0.0
         self.restarts = 0               # workers replaced after dying
 
@@ -353,15 +391,32 @@ class OrderedSource:
                 raise RuntimeError(f"rollout: no groups for step {self.trainer.step} in "
                                    f"{self.timeout_s:.0f} s")
             for g in self._receive(POLL_S * 4):
+                self.trainer.counters["rollouts"] += len(g.rewards)  # generated, used or not
                 if g.index >= want[0]:  # a group from before a restart is not used twice
                     self.pending.setdefault(g.index, g)
         wait = time.perf_counter() - t0
         self.wait_s += wait
-        self.consumed += list(want)
-        data = assemble(self.trainer, [self.pending.pop(j) for j in want])
+        groups = [self.pending.pop(j) for j in want]
+        self._check(groups, want)
+        self.consumed += [g.index for g in groups]
+        self.consumed_from += [g.worker for g in groups]
+        data = assemble(self.trainer, groups)
         data["source"] = {"source/wait_s": wait, "source/queued_groups": len(self.pending),
                           "source/restarts": self.restarts}
         return data
+
+    def _check(self, groups: list[Group], want: range) -> None:
+        """At consumption: the groups are this step's, and no token is more than η versions old
+        (a violation is a bug in the source, so it stops the run rather than being logged)."""
+        step, eta = self.trainer.step, self.trainer.cfg.max_staleness
+        if [g.index for g in groups] != list(want):
+            raise RuntimeError(f"rollout: step {step} assembled groups {[g.index for g in groups]}, "
+                               f"wanted {list(want)}")
+        for g in groups:
+            if step - g.oldest_version > eta:
+                raise RuntimeError(f"rollout: group {g.index} has a token of version "
+                                   f"{g.oldest_version}, {step - g.oldest_version} versions behind "
+                                   f"step {step} (max_staleness={eta})")
 
     def state_dict(self) -> dict:
         return {}
@@ -398,7 +453,7 @@ class ProcessSource(OrderedSource):
             return []
 
     def publish(self, model, version: int) -> None:
-        self.worker.send(cpu_state(model), version)
+        self.worker.send(pack_state(cpu_state(model)), version)
 
     def close(self) -> None:
         self.worker.close()
@@ -462,6 +517,7 @@ class TBASource:
         for w in self.workers:
             for g in w.get(timeout / len(self.workers)):
                 self.buffer.add(g)
+                self.trainer.counters["rollouts"] += len(g.rewards)  # generated, not replayed
                 n += 1
         return n
 
@@ -477,7 +533,7 @@ class TBASource:
 
     def publish(self, model, version: int) -> None:
         if version % self.cfg.sync_every == 0:
-            state = cpu_state(model)
+            state = pack_state(cpu_state(model))     # packed once, sent to every searcher
             for w in self.workers:
                 w.send(state, version)
 

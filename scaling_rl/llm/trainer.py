@@ -60,7 +60,8 @@ class GRPOConfig:
     eval_problems: int = 200
     eval_samples: int = 0             # > 0: also sampled pass@1 with this many samples/problem
     # SFT warm start (before GRPO; gives the base model a non-zero pass@1)
-    sft_steps: int = 400
+    sft_steps: int = -1               # -1: 400 on the tiny built-in models, 0 (off) on pretrained
+                                      # weights; > 0 runs SFT on any model (never with init_from)
     sft_batch_size: int = 64
     sft_lr: float = 1e-2
     sft_target_accuracy: float = 0.0  # stop SFT once greedy train accuracy reaches this (0: off)
@@ -70,7 +71,8 @@ class GRPOConfig:
     group_size: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
-    max_completion_length: int = 0    # 0: the task's longest answer + EOS
+    max_completion_length: int = 0    # tokens; 0: the task's longest answer + EOS (tiny models'
+                                      # one-token-per-character tokenizer only)
     lr: float = 1e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -122,7 +124,8 @@ class GRPOConfig:
              f"is not registered; known: {sorted(_tasks.REWARDS)}")
         need(self.device == "auto" or _is_device(self.device), "device",
              "is not a torch device; use cpu, cuda, cuda:<i> or auto")
-        for key in ("steps", "sft_steps", "max_completion_length", "weight_decay", "beta", "eval_samples",
+        need(self.sft_steps >= -1, "sft_steps", "must be >= 0 (or -1: the model's default)")
+        for key in ("steps", "max_completion_length", "weight_decay", "beta", "eval_samples",
                     "epsilon_low", "epsilon_high", "format_reward", "seed"):
             need(getattr(self, key) >= 0, key, "is negative; use a value >= 0")
         for key in ("prompts_per_step", "num_iterations", "num_minibatches", "train_pool",
@@ -304,22 +307,20 @@ class GRPOTrainer:
         self.device = resolve_device(c.device)
         self.task = make_task(c.task, digits=c.digits, countdown_numbers=c.countdown_numbers,
                               format_reward=c.format_reward, dataset=c.dataset, reward=c.reward)
-        self.max_len = c.max_completion_length or self.task.max_answer_chars() + 1
+        self.max_len = c.max_completion_length  # in tokens; 0 is resolved once the tokenizer is known
         self.pool = self.task.problems("train", c.train_pool, seed=c.seed)
         self.eval_set = self.task.problems("test", c.eval_problems, seed=EVAL_SEED)
         self.rng = np.random.default_rng(c.seed)
         self.gen = torch.Generator(device=self.device).manual_seed(c.seed)
         self.order = self.rng.permutation(len(self.pool))
         self.cursor, self.epoch, self.step = 0, 0, 0
-        self.counters = {"rollouts": 0, "rollouts_saved": 0, "num_tokens": 0}
+        # rollouts: completions generated; trained_on: completions in updates (TBA replays a
+        # completion several times, dynamic sampling drops some, a restart regenerates some)
+        self.counters = {"rollouts": 0, "trained_on": 0, "rollouts_saved": 0, "num_tokens": 0}
         self.greso = (SelectiveRollout(GresoConfig(target=c.greso_target, step=c.greso_step))
                       if c.selective_rollouts else None)
         self.rows: list[dict] = []
-        self.objective = torch_op(objectives.objective_fn(
-            c.loss_type, float(c.epsilon_low), float(c.epsilon_high), float(c.beta), self.max_len))
-        self.policy_objective = torch_op(objectives.policy_objective_fn(
-            c.objective, c.loss_type, float(c.epsilon_low), float(c.epsilon_high), float(c.beta),
-            self.max_len, float(c.is_cap), float(c.tb_beta), c.group_size))
+        self.objective = self.policy_objective = None  # built in _set_policy (need max_len)
         self.source = None               # built in setup(): sources.make_source(self)
         jax_gpu = jax.default_backend() == "gpu" and self.device.type == "cuda"
         self._objective_device = self.device if jax_gpu else torch.device("cpu")
@@ -336,8 +337,15 @@ class GRPOTrainer:
         return model.float().to(self.device).eval()
 
     def _set_policy(self, model, tokenizer):
+        c = self.cfg
         self.model, self.tokenizer = self._placed(model), tokenizer
         self.eos_ids = rollout.stop_ids(model, tokenizer)
+        self.max_len = rollout.completion_budget(c.max_completion_length, self.task, tokenizer)
+        self.objective = torch_op(objectives.objective_fn(
+            c.loss_type, float(c.epsilon_low), float(c.epsilon_high), float(c.beta), self.max_len))
+        self.policy_objective = torch_op(objectives.policy_objective_fn(
+            c.objective, c.loss_type, float(c.epsilon_low), float(c.epsilon_high), float(c.beta),
+            self.max_len, float(c.is_cap), float(c.tb_beta), c.group_size))
 
     # -- set-up / persistence --
     def _make_optimizer(self):
@@ -371,8 +379,9 @@ class GRPOTrainer:
                                           num_layers=c.num_layers, num_heads=c.num_heads,
                                           seed=c.seed))
             row0 = {"step": 0}
-            if c.sft_steps and not c.init_from:
-                info = sft(self.model, self.tokenizer, self.task, steps=c.sft_steps,
+            sft_steps = self.sft_steps()
+            if sft_steps:
+                info = sft(self.model, self.tokenizer, self.task, steps=sft_steps,
                            batch_size=c.sft_batch_size, lr=c.sft_lr, seed=c.seed,
                            max_len=self.max_len, target_accuracy=c.sft_target_accuracy,
                            log=print if progress else None, chat_template=c.chat_template,
@@ -398,6 +407,17 @@ class GRPOTrainer:
         elif self.out_dir and (self.out_dir / "metrics.parquet").exists():
             self.rows = pd.read_parquet(self.out_dir / "metrics.parquet").query("step == 0") \
                 .to_dict("records")
+
+    def sft_steps(self) -> int:
+        """SFT steps before RL: opt-in for pretrained weights (SFT at `sft_lr` would rewrite them),
+        400 by default for the tiny randomly initialised models; never when starting `init_from`."""
+        c = self.cfg
+        if c.init_from:
+            return 0
+        if c.sft_steps >= 0:
+            return c.sft_steps
+        tiny = c.model == "tiny" or c.model.startswith("tiny:")
+        return 400 if tiny else 0
 
     def _start_source(self, state: dict) -> None:
         from scaling_rl.llm.sources import make_source
@@ -444,7 +464,7 @@ class GRPOTrainer:
         self.rng.bit_generator.state = state["numpy_rng"]
         self.order = np.asarray(state["order"])
         self.cursor, self.epoch, self.step = state["cursor"], state["epoch"], state["step"]
-        self.counters = dict(state["counters"])
+        self.counters = {**self.counters, **state["counters"]}
         if self.greso is not None and state["greso"] is not None:
             self.greso.load_state_dict(state["greso"])
         self._load_reference(self.out_dir / "base_model")
@@ -540,10 +560,13 @@ class GRPOTrainer:
     # -- one GRPO step --
     def _logprobs(self, model, batch, rows=None, with_entropy=False):
         b = batch if rows is None else rollout.select(batch, rows)
+        # no-grad passes (old / reference) run in the training minibatch's rows, so their logits
+        # never exceed those of one training forward
+        micro = -(-batch.completion_ids.shape[0] // self.cfg.num_minibatches)
         with self.autocast():
             return rollout.completion_logprobs(model, b.prompt_ids, b.prompt_mask,
                                                b.completion_ids, b.completion_mask,
-                                               self.cfg.temperature, with_entropy)
+                                               self.cfg.temperature, with_entropy, micro)
 
     def train_step(self) -> dict:
         t0 = time.perf_counter()
@@ -597,6 +620,7 @@ class GRPOTrainer:
         lengths = batch.completion_mask.sum(-1).float()
         step_tokens = int(batch.prompt_mask.sum() + batch.completion_mask.sum())
         self.counters["num_tokens"] += step_tokens
+        self.counters["trained_on"] += B
         need_old = c.num_iterations > 1 or c.num_minibatches > 1
         with torch.no_grad():
             old_logp = self._logprobs(self.model, batch)[0] if need_old else None
@@ -608,7 +632,9 @@ class GRPOTrainer:
             splits = [(g[:, None] * c.group_size + np.arange(c.group_size)).reshape(-1) for g in groups]
         # as TRL's num_items_in_batch: the completion tokens of the whole generation batch, so a
         # minibatch's loss is its token sum over that count and the minibatches add up to dapo
-        num_items = mask.sum().cpu()
+        # a Python number, not a tensor: an array would be committed to the device it was made on
+        # (the host) and the jitted objective, whose inputs sit on JAX's GPU, would refuse it
+        num_items = float(mask.sum())
         self.model.train()
         logs: dict[str, list] = {}
         for _ in range(c.num_iterations):
