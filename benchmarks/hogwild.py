@@ -1,7 +1,7 @@
 """Hogwild! Inference: tokens/s and cache memory vs naive view re-encoding and vs independent samples.
 
     python benchmarks/hogwild.py [--workers 2 4 8] [--prompts 4] [--tokens 48] [--reps 3]
-                                 [--hidden-size 128] [--num-layers 4] [--device cpu]
+                                 [--prompt-chars 0] [--hidden-size 128] [--num-layers 4] [--device cpu]
 
 For each worker count W, the same total tokens (prompts x W x tokens, no early stop) are made by
 - `hogwild`: W workers per prompt on one shared cache, queries rotated per block
@@ -44,6 +44,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--tokens", type=int, default=48, help="tokens per worker")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--prompt-chars", type=int, default=0,
+                   help="lengthen every prompt to this many characters (a shared context)")
     p.add_argument("--hidden-size", type=int, default=128)
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--num-heads", type=int, default=4)
@@ -64,6 +66,8 @@ def main(argv=None) -> int:
                              num_heads=args.num_heads)
     model = model.to(device).eval()
     texts = [PROMPTS[i % len(PROMPTS)] for i in range(args.prompts)]
+    if args.prompt_chars:
+        texts = [(t * args.prompt_chars)[-args.prompt_chars:] for t in texts]
     ids, mask = rollout.encode_prompts(tok, texts, device=device)
     cfg = model.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
@@ -95,8 +99,8 @@ def main(argv=None) -> int:
 
     methods = ["hogwild", "interleaved", "naive", "independent"]
     run("hogwild", 2, 0)                                                # warm-up
-    print(f"model: tiny qwen2 hidden {args.hidden_size} x {args.num_layers} layers; {B} prompts, "
-          f"{T} tokens per worker; ratios hogwild / other, median [min, max] over {args.reps} reps")
+    print(f"model: tiny qwen2 hidden {args.hidden_size} x {args.num_layers} layers; {B} prompts of "
+          f"{ids.shape[1]} tokens, {T} tokens per worker; ratios hogwild / other, median [min, max] over {args.reps} reps")
     header = ("W", "tok/s vs naive", "tok/s vs indep.", "interleaved vs naive", "mem vs naive",
               "mem vs indep.")
     print(" | ".join(f"{h:>22}" for h in header))

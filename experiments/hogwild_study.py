@@ -3,10 +3,10 @@
     python experiments/hogwild_study.py --out runs/hogwild_study [--workers 2,4] [--seeds 3]
         [--problems 200] [--sft-steps 800]
 
-Task: "ab+cd,ef+gh=" -> "xyz,uvw" (two 2-digit sums; reward 1 only when both are right), parts
+Task: "3+4,5+9=" -> "07,14" (two 1-digit sums; reward 1 only when both are right), parts
 that one worker could leave to another. A tiny Qwen2 model is SFT-trained on single answers
 (`trainer.sft`), then for each N in `--workers` every held-out problem gets N completions of at
-most 8 tokens, made three ways with the same token budget:
+most 6 tokens, made three ways with the same token budget:
     independent   N ordinary KV-cached samples (`rollout.sample`)
     hogwild       one team of N workers on a shared cache (contiguous layout)
     hogwild+prompt  the same, with the collaboration prompt and "worker w: " headers
@@ -31,27 +31,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from scaling_rl.llm.tasks import AdditionTask, Problem  # noqa: E402
+from scaling_rl.llm.tasks import Problem, _split_of  # noqa: E402
 
 METHODS = ("independent", "hogwild", "hogwild+prompt")
 
 
 class TwoSums:
-    """Two 2-digit additions in one prompt; the answer lists both sums (3 digits each)."""
+    """Two additions of `digits`-digit numbers in one prompt ("3+4,5+9=" -> "07,14"); pairs are
+    split into train / test by a hash of the pair (`tasks._split_of`)."""
 
     name = "two_sums"
 
-    def __init__(self):
-        self.part = AdditionTask(digits=2)
+    def __init__(self, digits: int = 1):
+        self.digits, self.base = digits, 10 ** digits
+        keys = np.arange(self.base ** 4)
+        test = np.array([_split_of(int(k), 0.1) == "test" for k in keys])
+        self._keys = {"test": keys[test], "train": keys[~test]}
+
+    def problem(self, key: int) -> Problem:
+        d, base = self.digits, self.base
+        a, b, c, e = key // base ** 3, key // base ** 2 % base, key // base % base, key % base
+        return Problem(int(key), f"{a:0{d}d}+{b:0{d}d},{c:0{d}d}+{e:0{d}d}=",
+                       f"{a + b:0{d + 1}d},{c + e:0{d + 1}d}", (a, b, c, e), 0)
 
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:
-        a = self.part.problems(split, n, seed)
-        b = self.part.problems(split, n, seed + 1)
-        return [Problem(i, f"{x.prompt[:-1]},{y.prompt}", f"{x.answer},{y.answer}",
-                        (*x.numbers, *y.numbers), 0) for i, (x, y) in enumerate(zip(a, b))]
+        pool = self._keys[split]
+        keys = np.random.default_rng(seed).choice(pool, size=min(n, len(pool)), replace=False)
+        return [self.problem(int(k)) for k in keys]
 
     def max_answer_chars(self) -> int:
-        return 7
+        return 2 * self.digits + 3
 
     def solution(self, problem: Problem) -> str:
         return problem.answer
@@ -97,7 +106,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     task = TwoSums()
     model, tok = load_policy("tiny", seed=0)
-    info = sft(model, tok, task, steps=args.sft_steps, batch_size=64, lr=1e-2, seed=0, max_len=8)
+    info = sft(model, tok, task, steps=args.sft_steps, batch_size=64, lr=1e-2, seed=0,
+               max_len=task.max_answer_chars() + 1)
     print(f"sft: {info}", flush=True)
     problems = task.problems("test", args.problems, seed=123)
     eos = rollout.stop_ids(model, tok)
@@ -107,7 +117,8 @@ def main(argv=None) -> int:
             for method in METHODS:
                 gen = torch.Generator().manual_seed(1000 * seed + N)
                 texts = [q.prompt for q in problems]
-                kw = dict(max_new_tokens=8, eos_id=eos, pad_id=tok.pad_token_id, generator=gen)
+                kw = dict(max_new_tokens=task.max_answer_chars() + 1, eos_id=eos,
+                          pad_id=tok.pad_token_id, generator=gen)
                 t0 = time.perf_counter()
                 if method == "independent":
                     ids, mask = rollout.encode_prompts(tok, [t for t in texts for _ in range(N)])
