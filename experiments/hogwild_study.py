@@ -1,7 +1,7 @@
 """Micro study: Hogwild! workers vs independent samples at equal tokens on two-part addition.
 
     python experiments/hogwild_study.py --out runs/hogwild_study [--workers 2,4] [--seeds 3]
-        [--problems 200] [--sft-steps 800]
+        [--problems 200] [--sft-steps 800] [--view-sft-steps 400]
 
 Task: "3+4,5+9=" -> "07,14" (two 1-digit sums; reward 1 only when both are right), parts
 that one worker could leave to another. A tiny Qwen2 model is SFT-trained on single answers
@@ -10,12 +10,16 @@ most 6 tokens, made three ways with the same token budget:
     independent   N ordinary KV-cached samples (`rollout.sample`)
     hogwild       one team of N workers on a shared cache (contiguous layout)
     hogwild+prompt  the same, with the collaboration prompt and "worker w: " headers
+    hogwild, view-SFT  `hogwild` with a copy of the model further SFT-trained on lockstep views
+                    (`sft_views`: the others' partial answers before its own), i.e. taught to
+                    tolerate the shared context, not to split the work
 Metrics per problem: mean accuracy of the N completions and "any" (at least one fully right),
 averaged over problems and `--seeds` sampling seeds; intervals: 95% percentile bootstrap over
 problems (1000 resamples of the seed-averaged per-problem values). Wall time: generation only,
 one thread. Writes <out>/results.parquet, <out>/table.md and <out>/hogwild_study.png (accuracy
 vs wall time). Nothing here trains the model to collaborate: it answers as it was taught, so
-this measures whether seeing the others' tokens helps or hurts an untrained-for-it policy.
+this measures whether seeing the others' tokens helps or hurts a policy not trained for it, and
+one cheaply adapted to it.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import numpy as np  # noqa: E402
 
 from scaling_rl.llm.tasks import Problem, _split_of  # noqa: E402
 
-METHODS = ("independent", "hogwild", "hogwild+prompt")
+METHODS = ("independent", "hogwild", "hogwild+prompt", "hogwild, view-SFT")
 
 
 class TwoSums:
@@ -73,6 +77,45 @@ class TwoSums:
         return float(int(parts[0]) == a + b and int(parts[1]) == c + d)
 
 
+def sft_views(model, tok, task, *, workers: int, steps: int, seed: int, lr: float = 3e-3,
+              batch_size: int = 64) -> float:
+    """Continue SFT on lockstep views: prompt + k other workers' first t answer tokens (each, the
+    reference answer for all) + the first t of its own, target own token t; k uniform in
+    0..workers-1 (k = 0 keeps single answers), t uniform over the answer (+ EOS). The view is
+    laid out contiguously as in the `contiguous` layout. Returns the last loss."""
+    import torch
+    import torch.nn.functional as F
+    rng = np.random.default_rng(seed)
+    pool = task.problems("train", 100_000, seed=seed + 1)
+    eos = tok.eos_token_id
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    loss = torch.tensor(float("nan"))
+    for _ in range(steps):
+        rows, targets = [], []
+        for i in rng.integers(len(pool), size=batch_size):
+            q = pool[int(i)]
+            ans = tok(q.answer, add_special_tokens=False)["input_ids"] + [eos]
+            t, k = int(rng.integers(len(ans))), int(rng.integers(workers))
+            rows.append(tok(q.prompt, add_special_tokens=False)["input_ids"] + ans[:t] * k + ans[:t])
+            targets.append(ans[t])
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        model.train()
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=rollout_positions(mask),
+                       logits_to_keep=1).logits[:, -1]
+        loss = F.cross_entropy(logits.float(), torch.tensor(targets))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+    return float(loss.detach())
+
+
+def rollout_positions(mask):
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def bootstrap(values: np.ndarray, rng, n: int = 1000) -> tuple[float, float]:
     idx = rng.integers(len(values), size=(n, len(values)))
     means = values[idx].mean(1)
@@ -86,6 +129,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--problems", type=int, default=200)
     p.add_argument("--sft-steps", type=int, default=800)
+    p.add_argument("--view-sft-steps", type=int, default=400)
     args = p.parse_args(argv)
     try:
         workers = [int(w) for w in args.workers.split(",")]
@@ -109,6 +153,11 @@ def main(argv=None) -> int:
     info = sft(model, tok, task, steps=args.sft_steps, batch_size=64, lr=1e-2, seed=0,
                max_len=task.max_answer_chars() + 1)
     print(f"sft: {info}", flush=True)
+    import copy
+    adapted = copy.deepcopy(model)
+    view_loss = sft_views(adapted, tok, task, workers=max(workers), steps=args.view_sft_steps, seed=0)
+    info["view_sft_loss"] = view_loss
+    print(f"view sft: loss {view_loss:.4f}", flush=True)
     problems = task.problems("test", args.problems, seed=123)
     eos = rollout.stop_ids(model, tok)
     rows = []
@@ -128,7 +177,8 @@ def main(argv=None) -> int:
                     if collab:
                         texts = [hogwild.collab_text(t, N) for t in texts]
                     ids, mask = rollout.encode_prompts(tok, texts)
-                    batch = hogwild.generate(model, ids, mask, workers=N,
+                    policy = adapted if method.endswith("view-SFT") else model
+                    batch = hogwild.generate(policy, ids, mask, workers=N,
                                              headers=hogwild.header_ids(tok, N) if collab else None,
                                              **kw)
                 wall = time.perf_counter() - t0
