@@ -6,7 +6,7 @@
 Task: "3+4,5+9=" -> "07,14" (two 1-digit sums; reward 1 only when both are right), parts
 that one worker could leave to another. A tiny Qwen2 model is SFT-trained on single answers
 (`trainer.sft`), then for each N in `--workers` every held-out problem gets N completions of at
-most 6 tokens, made three ways with the same token budget:
+most 6 tokens, made four ways with the same token budget:
     independent   N ordinary KV-cached samples (`rollout.sample`)
     hogwild       one team of N workers on a shared cache (contiguous layout)
     hogwild+prompt  the same, with the collaboration prompt and "worker w: " headers
