@@ -200,3 +200,17 @@ def test_rollout_hogwild_trains_with_behaviour_logprobs(tmp_path):
         assert texts[0].startswith("2 workers solve this together") and texts[0].endswith("worker 0: ")
         assert texts[1].endswith("worker 1: ")
     assert len(pulled) == 2
+
+
+def test_rollout_hogwild_resumes_to_the_same_numbers(tmp_path):
+    import pandas as pd
+
+    from scaling_rl.llm.trainer import run
+    cfg = dict(rollout="hogwild", objective="tis", hogwild_workers=2, sft_steps=0, steps=2,
+               prompts_per_step=2, group_size=4, eval_problems=4, eval_every=1, checkpoint_every=1)
+    full = run(cfg, tmp_path / "full")
+    run(dict(cfg, steps=1), tmp_path / "part")
+    resumed = run(cfg, tmp_path / "part")
+    cols = ["reward", "loss", "rollouts", "eval/accuracy"]
+    assert list(resumed["step"]) == [0, 1, 2]
+    pd.testing.assert_frame_equal(full[cols], resumed[cols])
