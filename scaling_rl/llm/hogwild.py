@@ -21,7 +21,12 @@ model's own attention) and is the oracle of the tests and the baseline of
 `benchmarks/hogwild.py`.
 
 In lockstep, worker w's token of step t sees the prompt, the other workers' tokens of steps
-< t and its own tokens ≤ t. A "step" of the interleaved layout is a fixed number of tokens
+< t and its own tokens ≤ t. (The reference code, github:eqimp/hogwild_llm, writes every worker's
+new key/value of a layer before that layer's attention, so same-step tokens see each other; here
+they become visible one step later, which keeps each view a causal prefix, so the model's own
+forward can check it. Its interleaved layout is [prompt + history, step header, the other's
+current step, own header, own current step] and it rotates keys per block offset (cached);
+here queries are rotated.) A "step" of the interleaved layout is a fixed number of tokens
 (the paper commits at paragraph ends); the optional header ("worker w: ") opens each worker's
 block and so goes to the history with its first step.
 
