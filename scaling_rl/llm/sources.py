@@ -20,6 +20,8 @@ Every completion carries per token its behaviour log-prob and the policy version
   trainer samples by reward and recency; searchers get new weights every `sync_every` steps.
 - `ray`: the `async` rule with the workers as Ray actors (weights shipped once per version through
   the object store); a dead actor is replaced and its unfinished step regenerated.
+- `hogwild` (Hogwild! Inference): in-process, each group's workers share one KV cache
+  (`scaling_rl.llm.hogwild`).
 
 Groups are consumed in index order, each exactly once; workers do not share a prompt stream with
 the trainer (their own seed), so async runs are reproducible only up to scheduling.
@@ -36,7 +38,7 @@ import torch
 
 from scaling_rl.llm import rollout
 
-SOURCES = ("sync", "async", "pipeline", "tba", "ray")
+SOURCES = ("sync", "async", "pipeline", "tba", "ray", "hogwild")
 POLL_S = 0.05
 
 
@@ -558,6 +560,9 @@ def make_source(trainer):
         return ProcessSource(trainer, mode)
     if mode == "tba":
         return TBASource(trainer)
+    if mode == "hogwild":
+        from scaling_rl.llm.hogwild import HogwildSource
+        return HogwildSource(trainer)
     if mode == "ray":
         from scaling_rl.llm.ray_source import RaySource
         return RaySource(trainer)

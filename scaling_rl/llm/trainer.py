@@ -90,7 +90,7 @@ class GRPOConfig:
     greso_target: float = 0.25
     greso_step: float = 0.01
     # rollout layer (scaling_rl.llm.sources) and off-policy objectives
-    rollout: str = "sync"             # sync | async (AReaL) | pipeline (PipelineRL) | tba | ray
+    rollout: str = "sync"             # sync | async (AReaL) | pipeline (PipelineRL) | tba | ray | hogwild
     objective: str = "grpo"           # grpo | decoupled_ppo (AReaL) | tis (PipelineRL) | vargrad (TBA)
     max_staleness: int = 1            # η: generation runs at most η policy versions ahead
     is_cap: float = 5.0               # decoupled_ppo: drop tokens with π_prox/π_behav above it;
@@ -101,6 +101,10 @@ class GRPOConfig:
     replay_capacity: int = 256        # tba: groups kept in the replay buffer
     replay_reward_fraction: float = 0.25  # tba: share of each batch drawn by reward (rest: recency)
     replay_temperature: float = 0.1   # tba: reward-prioritised draw ∝ exp(mean group reward / T)
+    hogwild_workers: int = 0          # hogwild: workers sharing one cache (must divide G; 0: all G)
+    hogwild_layout: str = "contiguous"  # hogwild: contiguous | interleaved (scaling_rl.llm.hogwild)
+    hogwild_step_tokens: int = 8      # hogwild interleaved: tokens per step committed to the history
+    hogwild_prompt: bool = False      # hogwild: tell the workers they collaborate (prompt + headers)
     # bookkeeping
     eval_every: int = 10
     checkpoint_every: int = 10
@@ -157,6 +161,9 @@ class GRPOConfig:
              f"must divide prompts_per_step={self.prompts_per_step} for rollout=ray")
         need(self.prompts_per_step * self.group_size % self.num_minibatches == 0, "num_minibatches",
              "must divide prompts_per_step * group_size")
+        if self.rollout == "hogwild":
+            from scaling_rl.llm.hogwild import check_config
+            check_config(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GRPOConfig":
