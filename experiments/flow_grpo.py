@@ -11,7 +11,7 @@ policy updates:
   reduction  T_train < T_eval (denoising reduction), every step;
   fast       T_train < T_eval, shared ODE prefix per group, SDE branching and loss on a random
              window of `fast_window` steps (Flow-GRPO-Fast).
-Evaluation is always the ODE at T_eval on fixed noise (`eval_return`, the reward), with the
+Evaluation is always the ODE at T_eval (noise from the seed and chunk key: fresh each chunk, shared by policy and reference) (`eval_return`, the reward), with the
 per-step KL to the reference (train-time; also × T_train, since steps on a finer grid are
 closer: the per-trajectory figure compares variants), and diversity = mean pairwise distance of same-condition
 samples (a collapse to one mode — reward hacking — drives it to 0). FLOPs are the velocity-network

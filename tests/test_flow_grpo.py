@@ -50,7 +50,8 @@ def test_objective_hand_computed_values():
 def test_bad_config_is_a_one_line_error_naming_the_field():
     for kw, field in (({"group_size": 1}, "group_size"), ({"noise_schedule": "cos"}, "noise_schedule"),
                       ({"reward": "nope"}, "reward"), ({"updates": 15}, "updates"),
-                      ({"fast": True, "fast_window": 11}, "fast_window"), ({"lr": 0.0}, "lr"),
+                      ({"sampler": "fast", "fast_window": 11}, "fast_window"),
+                      ({"sampler": "fastest"}, "sampler"), ({"lr": 0.0}, "lr"),
                       ({"reward": "shapes_red"}, "reward"), ({"dataset": "x"}, "dataset"),
                       ({"kind": "crl", "depth": 2}, "depth")):
         with pytest.raises(ValueError, match=f"^{field}: ") as e:
@@ -113,24 +114,66 @@ def test_conditional_step_gaussians_use_each_samples_condition():
     assert float(jnp.abs(other - mean[0, 2]).max()) > 1e-3
 
 
-def test_fast_rollout_branches_from_a_shared_prefix(toy):
-    agent = grpo.make(dataclasses.replace(CFG, fast=True, fast_window=2))
-    state = toy[1]
+def _initial_noise(key, rows):
+    """The rollout's initial noise (its documented key split: k_start, k_noise, k_steps)."""
+    return jax.random.normal(jax.random.split(key, 3)[1], (rows, 2))
+
+
+def test_official_fast_rollout_has_own_noise_and_ode_prefix_per_sample(toy):
+    """Flow-GRPO-Fast: every sample its own noise and its own ODE prefix (xs[0] is the ODE from
+    that noise to the window start, not the noise itself), the window in the first half, and the
+    evaluations counted from the work done (B·T)."""
+    cfg = dataclasses.replace(CFG, sampler="fast", fast_window=2)
+    agent, state = grpo.make(cfg), toy[1]
     cond = jnp.zeros((CFG.groups,), jnp.int32)
     roll = jax.jit(agent.rollout)
+    ode = jax.jit(lambda x, start: sde.ode_sample(agent.velocity(state.params, jnp.zeros(
+        (CFG.batch_size,), jnp.int32)), x, CFG.t_train, 0, start))
+    B, T = CFG.batch_size, CFG.t_train
     starts = set()
     for i in range(6):
-        x, _, xs, xs_next, idx, evals = roll(state.params, jax.random.PRNGKey(10 + i), cond)
+        key = jax.random.PRNGKey(10 + i)
+        x, _, xs, xs_next, idx, evals = roll(state.params, key, cond)
+        start = int(idx[0])
+        starts.add(start)
+        np.testing.assert_array_equal(idx, [start, start + 1])
+        assert start + 2 <= T // 2                                     # first half only
+        assert int(evals) == B * T                                     # prefix + window + suffix
+        np.testing.assert_allclose(xs[0], ode(_initial_noise(key, B), start), rtol=1e-5, atol=1e-5)
+        assert np.ptp(np.asarray(xs[0]).reshape(CFG.groups, CFG.group_size, 2), axis=1).min() > 0
+    assert starts <= set(range(T // 2 - 2 + 1)) and len(starts) >= 3
+
+
+def test_shared_prefix_rollout_branches_from_one_ode_prefix_per_group(toy):
+    cfg = dataclasses.replace(CFG, sampler="shared_prefix", fast_window=2)
+    agent, state = grpo.make(cfg), toy[1]
+    cond = jnp.zeros((CFG.groups,), jnp.int32)
+    roll = jax.jit(agent.rollout)
+    ode = jax.jit(lambda x, start: sde.ode_sample(agent.velocity(state.params, cond), x, CFG.t_train,
+                                                  0, start))
+    starts = set()
+    for i in range(6):
+        key = jax.random.PRNGKey(10 + i)
+        x, _, xs, xs_next, idx, evals = roll(state.params, key, cond)
         start = int(idx[0])
         starts.add(start)
         np.testing.assert_array_equal(idx, [start, start + 1])
         assert int(evals) == CFG.groups * start + CFG.batch_size * (CFG.t_train - start)
         groups = np.asarray(xs[0]).reshape(CFG.groups, CFG.group_size, 2)
+        np.testing.assert_allclose(groups[:, 0], ode(_initial_noise(key, CFG.groups), start),
+                                   rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(groups, np.broadcast_to(groups[:, :1], groups.shape))  # shared
-        assert np.ptp(groups[:, 0], axis=0).min() > 0                                        # per group
         branched = np.asarray(xs_next[0]).reshape(CFG.groups, CFG.group_size, 2)
         assert np.ptp(branched, axis=1).min() > 0                      # the SDE step branches
-    assert len(starts) > 1 and max(starts) <= CFG.t_train - 2
+    assert len(starts) > 1 and max(starts) <= CFG.t_train - 2 and max(starts) > CFG.t_train // 2 - 2
+
+
+def test_evals_counter_carries_past_int32():
+    c = jnp.array([0, grpo.EVALS_BASE - 5], jnp.int32)
+    c = jax.jit(grpo.add_evals)(c, 10)
+    np.testing.assert_array_equal(c, [1, 5])
+    big = jnp.array([3, 256], jnp.int32)          # 3·2^30 + 256 > 2^31 - 1 (float32-exact)
+    assert float(grpo.total_evals(big)) == float(3 * 2 ** 30 + 256)
 
 
 def test_reward_rises_far_above_the_pretrained_model_with_bounded_kl(toy):
@@ -138,7 +181,7 @@ def test_reward_rises_far_above_the_pretrained_model_with_bounded_kl(toy):
     agent, state, evaluate = toy
     key = jax.random.PRNGKey(1)
     before = float(evaluate(state, key)["eval_return"])
-    for cfg in (CFG, dataclasses.replace(CFG, fast=True, fast_window=2)):
+    for cfg in (CFG, dataclasses.replace(CFG, sampler="fast", fast_window=2)):
         chunk = jax.jit(grpo.make(cfg).chunk)
         s, kls = state, []
         for _ in range(CFG.updates // CFG.chunk_updates):
@@ -148,15 +191,13 @@ def test_reward_rises_far_above_the_pretrained_model_with_bounded_kl(toy):
             assert float(m["ratio_mean"]) == 1.0 and float(m["clip_frac"]) == 0.0
         ev = evaluate(s, key)
         after = float(ev["eval_return"])
-        assert after > 0.8 and after - before > 0.6, (cfg.fast, before, after)
+        assert after > 0.8 and after - before > 0.6, (cfg.sampler, before, after)
         assert max(kls) < 3.0, kls              # per-step KL to the reference stays bounded
         assert float(ev["eval_ref_return"]) == before    # the reference is frozen
         assert int(m["env_steps"]) == CFG.env_steps and int(m["grad_steps"]) == CFG.updates
         flops = grpo.update_flops(cfg, 2, 0)
-        if not cfg.fast:   # exact for full trajectories (Fast's window start is random)
-            np.testing.assert_allclose(float(m["flops"]), CFG.updates * flops["total"], rtol=1e-6)
-        else:
-            assert 0.2 < float(m["flops"]) / (CFG.updates * flops["total"]) < 5
+        # exact: full and official Fast both sample B·T (only shared_prefix depends on the start)
+        np.testing.assert_allclose(float(m["flops"]), CFG.updates * flops["total"], rtol=1e-6)
 
 
 def _data(df):

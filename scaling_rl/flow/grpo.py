@@ -12,11 +12,16 @@ One policy update:
     loss aggregation are `llm.objectives`'); the KL to the frozen pretrained reference is the
     closed form ||μ_θ - μ_ref||² / (2 s²) between the step Gaussians (same std).
 Options: denoising reduction (`t_train` < `t_eval`: train on short trajectories, evaluate with the
-full-length ODE) and Fast (`fast=True`): each group shares one initial noise and a deterministic
-ODE prefix up to a random step k; it branches into G samples only for a window of `fast_window`
-SDE steps [k, k+W), then finishes with the ODE. The loss covers the window steps only, and the
-prefix is computed once per group, so sampling costs n·k + B·(T-k) and training B·W velocity
-evaluations instead of B·T each.
+full-length ODE) and the `sampler`:
+  full           every sample its own noise, SDE on all T steps, loss on all T steps;
+  fast           Flow-GRPO-Fast as the official code runs it: every sample its own initial noise and
+                 its own deterministic ODE prefix up to a random step k, SDE only on a window of
+                 W = `fast_window` steps [k, k+W) placed in the first half of the trajectory
+                 (k ~ U{0..max(T//2 - W, 0)}), ODE to the end; the loss covers the window only.
+                 Sampling still costs B·T velocity evaluations, training B·W instead of B·T;
+  shared_prefix  our earlier variant (a different idea: group branching): each group shares one
+                 noise and one ODE prefix up to k ~ U{0..T-W} (anywhere), then branches into G
+                 samples for the window; sampling n·k + B·(T-k).
 
 Agent contract (docs/architecture.md): `Config`, `make(cfg) -> Agent(init, chunk, evaluate, ...)`,
 so `scaling_rl.train.run("scaling_rl.flow.grpo", cfg, out_dir, seeds)` gives metrics.parquet,
@@ -42,6 +47,7 @@ from scaling_rl.flow.model import Pretrainer, VelocityNet, velocity_flops, veloc
 from scaling_rl.llm.objectives import SCALE_REWARDS, aggregate, clipped_surrogate, group_advantages
 
 PACKABLE = ("lr",)
+SAMPLERS = ("full", "fast", "shared_prefix")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +74,8 @@ class Config:
     noise_schedule: str = "sqrt"
     t_train: int = 10
     t_eval: int = 40
-    fast: bool = False
-    fast_window: int = 2
+    sampler: str = "full"            # SAMPLERS: full | fast (official) | shared_prefix
+    fast_window: int = 2             # W, SDE/loss steps of fast and shared_prefix
     updates: int = 60                # policy updates in the whole run
     chunk_updates: int = 10          # updates per jitted chunk (= one metrics row)
     eval_samples: int = 256
@@ -78,6 +84,8 @@ class Config:
         data_lib.get(self.dataset)
         rewards_lib.get(self.reward)
         sde.check_schedule(self.noise_schedule)
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler: {self.sampler!r} is unknown; use one of {SAMPLERS}")
         if self.scale_rewards not in SCALE_REWARDS:
             raise ValueError(f"scale_rewards: {self.scale_rewards!r} is unknown; use one of {SCALE_REWARDS}")
         nets.BackboneConfig(kind=self.kind, width=self.width, depth=self.depth)
@@ -97,7 +105,7 @@ class Config:
             fit = self.updates // self.chunk_updates * self.chunk_updates or self.chunk_updates
             raise ValueError(f"updates: {self.updates} is not a multiple of chunk_updates="
                              f"{self.chunk_updates}; use {fit}")
-        if self.fast and self.fast_window > self.t_train:
+        if self.windowed and self.fast_window > self.t_train:
             raise ValueError(f"fast_window: {self.fast_window} is longer than t_train={self.t_train}")
         if self.reward.startswith("shapes") and self.dataset != "shapes":
             raise ValueError(f"reward: {self.reward!r} needs dataset 'shapes', got {self.dataset!r}")
@@ -113,9 +121,21 @@ class Config:
         return self.groups * self.group_size
 
     @property
+    def windowed(self) -> bool:
+        """SDE (and loss) on a window of steps only: the fast and shared_prefix samplers."""
+        return self.sampler != "full"
+
+    @property
     def window(self) -> int:
         """Denoising steps in the loss (and SDE steps while sampling)."""
-        return self.fast_window if self.fast else self.t_train
+        return self.fast_window if self.windowed else self.t_train
+
+    @property
+    def max_window_start(self) -> int:
+        """The window starts at k ~ U{0..max_window_start}: fast keeps it in the first half."""
+        if self.sampler == "fast":
+            return max(self.t_train // 2 - self.window, 0)
+        return self.t_train - self.window
 
     @property
     def env_steps(self) -> int:
@@ -142,19 +162,36 @@ class FlowState:
     opt_state: Any
     key: jax.Array
     update: jax.Array        # policy updates done
-    evals: jax.Array         # velocity evaluations spent in RL so far (forward-equivalents)
+    evals: jax.Array         # velocity evaluations spent in RL so far (forward-equivalents), as
+                             # two int32 digits [high, low] in base 2^30 (`add_evals`, `total_evals`):
+                             # one int32 would wrap past 2.1e9, reachable in sweeps
+
+
+EVALS_BASE = 2 ** 30
+
+
+def add_evals(counter, n):
+    """counter [high, low] (int32, base 2^30) + n (int32 scalar, n < 2^30): exact up to 2^60."""
+    low = counter[1] + jnp.asarray(n, jnp.int32)
+    return jnp.stack([counter[0] + low // EVALS_BASE, low % EVALS_BASE]).astype(jnp.int32)
+
+
+def total_evals(counter):
+    """The count held by `counter`, as float32 (for FLOPs)."""
+    c = jnp.asarray(counter).astype(jnp.float32)
+    return c[0] * float(EVALS_BASE) + c[1]
 
 
 def update_flops(cfg: Config, dim: int, num_classes: int) -> dict[str, float]:
     """Expected FLOPs of one policy update, split by phase (1 backward = 2 forwards).
 
-    sampling: B·T velocity evaluations (Fast: n·E[k] + B·(T - E[k]) with k ~ U{0..T-W});
-    reference: B·W (only when β > 0); training: μ·B·W·3.
+    sampling: B·T velocity evaluations (full and fast; shared_prefix: n·E[k] + B·(T - E[k]) with
+    k ~ U{0..T-W}); reference: B·W (only when β > 0); training: μ·B·W·3.
     """
     f = velocity_flops(cfg.backbone(), dim, num_classes)
     b, t, w, n = cfg.batch_size, cfg.t_train, cfg.window, cfg.groups
-    k = (t - w) / 2.0 if cfg.fast else 0.0
-    sampling = (n * k + b * (t - k)) if cfg.fast else b * t
+    k = cfg.max_window_start / 2.0
+    sampling = (n * k + b * (t - k)) if cfg.sampler == "shared_prefix" else b * t
     out = {"sampling": f * sampling, "reference": f * b * w if cfg.beta > 0 else 0.0,
            "training": f * 3.0 * cfg.num_iterations * b * w}
     out["total"] = sum(out.values())
@@ -226,23 +263,31 @@ def make(cfg: Config):
         if cfg.pretrain_steps:
             params, _ = pretrainer.run(params, p_train)
         return FlowState(params=params, ref_params=params, opt_state=opt.init(params), key=key,
-                         update=jnp.zeros((), jnp.int32), evals=jnp.zeros((), jnp.int32))
+                         update=jnp.zeros((), jnp.int32), evals=jnp.zeros((2,), jnp.int32))
+
+    def ode_counted(vel, x, start, stop):
+        """ODE over grid steps [start, stop) and the velocity evaluations it did (rows × steps)."""
+        def body(k, carry):
+            x, count = carry
+            return sde.ode_step(vel, x, k, T), count + x.shape[0]
+        return jax.lax.fori_loop(start, stop, body, (x, jnp.zeros((), jnp.int32)))
 
     def rollout(params, key, cond_groups):
-        """G generations per condition; returns final x (B, d), the window's states and indices."""
+        """G generations per condition; returns final x (B, d), the window's states and indices, and
+        the velocity evaluations done. Keys: `k_start, k_noise, k_steps = split(key, 3)`; the
+        initial noise is normal(k_noise, (B, d)) (shared_prefix: (groups, d), one per group)."""
         cond = jnp.repeat(cond_groups, G)
         k_start, k_noise, k_steps = jax.random.split(key, 3)
         vel = velocity(params, cond)
-        if cfg.fast:
-            start = jax.random.randint(k_start, (), 0, T - W + 1)
+        start = jax.random.randint(k_start, (), 0, cfg.max_window_start + 1) if cfg.windowed else \
+            jnp.zeros((), jnp.int32)
+        if cfg.sampler == "shared_prefix":
             x = jax.random.normal(k_noise, (n, d))
-            x = sde.ode_sample(velocity(params, cond_groups), x, T, 0, start)
+            x, prefix_evals = ode_counted(velocity(params, cond_groups), x, 0, start)
             x = jnp.repeat(x, G, axis=0)
-            prefix_evals = n * start
         else:
-            start = jnp.zeros((), jnp.int32)
             x = jax.random.normal(k_noise, (B, d))
-            prefix_evals = jnp.zeros((), jnp.int32)
+            x, prefix_evals = ode_counted(vel, x, 0, start)
 
         def step(x, inp):
             j, k = inp
@@ -251,8 +296,8 @@ def make(cfg: Config):
             return x_next, (x, x_next)
 
         x, (xs, xs_next) = jax.lax.scan(step, x, (jnp.arange(W), jax.random.split(k_steps, W)))
-        x = sde.ode_sample(vel, x, T, start + W, T)
-        evals = prefix_evals + B * (T - start)
+        x, suffix_evals = ode_counted(vel, x, start + W, T)
+        evals = prefix_evals + B * W + suffix_evals
         return x, cond, xs, xs_next, start + jnp.arange(W), evals
 
     def step_stats(params, xs, xs_next, idx, cond):
@@ -303,7 +348,7 @@ def make(cfg: Config):
         metrics.update(reward=jnp.mean(r), reward_std=jnp.std(r), zero_std_frac=jnp.mean(zero_std),
                        window_start=idx[0].astype(jnp.float32))
         new = state.replace(params=params, opt_state=opt_state, key=key, update=state.update + 1,
-                            evals=state.evals + evals.astype(jnp.int32))
+                            evals=add_evals(state.evals, evals))
         return new, metrics
 
     def chunk(state: FlowState):
@@ -311,7 +356,7 @@ def make(cfg: Config):
         metrics = {k: jnp.mean(v) for k, v in ms.items()}
         metrics["reward_last"] = ms["reward"][-1]
         metrics.update(env_steps=state.update * B, grad_steps=state.update * cfg.num_iterations,
-                       flops=state.evals.astype(jnp.float32) * flops_per_eval,
+                       flops=total_evals(state.evals) * flops_per_eval,
                        param_norm=common.global_norm(state.params))
         return state, metrics
 
