@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from scaling_rl import nets
-from scaling_rl.flow import data, model, rewards, sde
+from scaling_rl.flow import data, fidelity, model, rewards, sde
 
 N, T = 2000, 100
 # jitted once: op-by-op dispatch would compile every primitive separately
@@ -137,8 +137,10 @@ def test_shapes_detector_is_exact_on_data():
 
 
 def test_reward_values_by_hand():
-    pts = jnp.array([[2.0, 0.0], [0.0, 1.0], [-3.0, 0.0]])
-    np.testing.assert_allclose(REWARD["toy_angle"](pts, None), [1.0, 0.0, -1.0], atol=1e-6)
+    pts = jnp.array([[2.0, 0.0], [0.0, 1.0], [-3.0, 0.0], [0.0, -2.0], [2.15, 0.0]])
+    g = math.exp(-0.5 * (0.15 / (1.5 * data.TOY_STD)) ** 2)       # one mode std off the ring
+    np.testing.assert_allclose(REWARD["toy_angle"](pts, None), [1.0, -1.0, -1.0, 0.0, 2 * g - 1],
+                               atol=1e-4)
     img = (-jnp.ones((1, 12, 12, 3))).at[0, 0:2, 0:2, 0].set(1.0).at[0, 5:7, 9:11, 2].set(1.0)
     x = img.reshape(1, -1)
     assert float(REWARD["shapes_red"](x, None)[0]) == 0.5          # red + blue
@@ -150,6 +152,44 @@ def test_reward_values_by_hand():
     rewards.register("neg_x", lambda x, c: -x[..., 0])
     assert "neg_x" in rewards.known() and float(rewards.get("neg_x")(pts, None)[0]) == -2.0
     rewards._REWARDS.pop("neg_x")
+
+
+def test_gamed_rewards_score_at_most_the_data_average():
+    """The hacks: an almost blank image whose red channel is 0.01 everywhere and a solid red image
+    (the old 2×2-mean detector counted them: shapes_red 1.0), and the toy pushed off the ring at
+    angle 0 (the ungated angle reward gave 0.999 at mean radius 2.369). Each scores <= the data."""
+    x, label = jax.jit(data.shapes_sample, static_argnums=1)(jax.random.PRNGKey(1), 1024)
+    faint = (-jnp.ones((12, 12, 3))).at[..., 0].set(0.01).reshape(1, -1)
+    solid = (-jnp.ones((12, 12, 3))).at[..., 0].set(1.0).reshape(1, -1)
+    big = (-jnp.ones((12, 12, 3))).at[0:4, 0:4, 0].set(1.0).reshape(1, -1)    # a 4×4 red blob
+    for name in ("shapes_red", "shapes_red_left", "shapes_count"):
+        avg = float(jnp.mean(REWARD[name](x, label)))
+        for hack in (faint, solid, big):
+            assert float(REWARD[name](hack, jnp.zeros((1,), jnp.int32))[0]) <= avg, (name, avg)
+    assert not bool(jnp.any(DETECT(jnp.concatenate([faint, solid, big]))[0]))
+    ring, _ = jax.jit(data.toy2d_sample, static_argnums=1)(jax.random.PRNGKey(2), 4096)
+    avg = float(jnp.mean(REWARD["toy_angle"](ring, None)))
+    radius = 2.369 + data.TOY_STD * jax.random.normal(jax.random.PRNGKey(3), (4096,))
+    off = jnp.stack([radius, jnp.zeros_like(radius)], -1)
+    assert float(jnp.mean(REWARD["toy_angle"](off, None))) <= avg < 0
+    on = data.toy2d_means()[0] + data.TOY_STD * jax.random.normal(jax.random.PRNGKey(4), (4096, 2))
+    assert float(jnp.mean(REWARD["toy_angle"](on, None))) > 0.6     # the rightmost mode still pays
+
+
+def test_fidelity_measures_see_samples_leave_the_data():
+    ring, _ = jax.jit(data.toy2d_sample, static_argnums=1)(jax.random.PRNGKey(2), 256)
+    held, _ = jax.jit(data.toy2d_sample, static_argnums=1)(jax.random.PRNGKey(3), 256)
+    measures = jax.jit(fidelity.measures, static_argnums=0)
+    same = measures("toy2d", ring, held)
+    pushed = measures("toy2d", ring * 2.369 / 2.0, held)           # radius drift 2.0 -> 2.369
+    assert abs(float(same["mmd"])) < 0.01 and float(same["radius_w1"]) < 0.03
+    assert float(pushed["radius_w1"]) > 0.3 and float(pushed["mmd"]) > 0.02
+    np.testing.assert_allclose(float(pushed["radius_mean"]), 2.369, atol=0.03)
+    imgs, _ = jax.jit(data.shapes_sample, static_argnums=1)(jax.random.PRNGKey(4), 32)
+    held_imgs, _ = jax.jit(data.shapes_sample, static_argnums=1)(jax.random.PRNGKey(5), 32)
+    assert float(measures("shapes", imgs, held_imgs)["valid_frac"]) == 1.0
+    washed = imgs.at[:16].set(imgs[:16].at[:, 0::3].set(0.01))      # half the images red-washed
+    np.testing.assert_allclose(float(measures("shapes", washed, held_imgs)["valid_frac"]), 0.5)
 
 
 def test_velocity_net_counts_and_zero_head():

@@ -68,7 +68,10 @@ def test_pretrained_reference_is_the_ring_with_zero_mean_reward(toy):
     radius = jnp.linalg.norm(x, axis=-1)
     assert abs(float(radius.mean()) - 2.0) < 0.2 and float(radius.std()) < 0.4
     ev = evaluate(state, jax.random.PRNGKey(1))
-    assert abs(float(ev["eval_return"])) < 0.15 and float(ev["eval_diversity"]) > 2.0
+    # the ring-gated angle reward averages -0.16 on data (tests/test_flow.py)
+    assert abs(float(ev["eval_return"]) + 0.16) < 0.15 and float(ev["eval_diversity"]) > 2.0
+    assert float(ev["eval_fid_radius_w1"]) < 0.1 and float(ev["eval_fid_mmd"]) < 0.02
+    assert float(ev["eval_fid_radius_w1"]) == float(ev["eval_ref_fid_radius_w1"])
 
 
 def test_full_rollout_is_a_chain_of_its_step_gaussians(toy):
@@ -177,7 +180,8 @@ def test_evals_counter_carries_past_int32():
 
 
 def test_reward_rises_far_above_the_pretrained_model_with_bounded_kl(toy):
-    """60 updates of full Flow-GRPO (T_train 10, eval ODE at T_eval 40) and 60 of Fast (window 2)."""
+    """60 updates of full Flow-GRPO (T_train 10, eval ODE at T_eval 40) and 60 of the official Fast
+    (window 2), with fidelity (radius W1 to held-out data) beside the reward."""
     agent, state, evaluate = toy
     key = jax.random.PRNGKey(1)
     before = float(evaluate(state, key)["eval_return"])
@@ -191,7 +195,15 @@ def test_reward_rises_far_above_the_pretrained_model_with_bounded_kl(toy):
             assert float(m["ratio_mean"]) == 1.0 and float(m["clip_frac"]) == 0.0
         ev = evaluate(s, key)
         after = float(ev["eval_return"])
-        assert after > 0.8 and after - before > 0.6, (cfg.sampler, before, after)
+        w1 = float(ev["eval_fid_radius_w1"])
+        # measured: full -0.19 -> 0.93 (radius W1 0.11), official Fast -0.19 -> 0.41 (W1 0.20:
+        # it still drifts outward, and the ring-gated reward charges it). The ungated angle reward
+        # let the old Fast push the mean radius from 1.985 to 2.369 here (W1 > 0.35) at reward 0.999.
+        if cfg.sampler == "full":
+            assert after > 0.8 and w1 < 0.15, (before, after, w1)
+        else:
+            assert after - before > 0.45 and w1 < 0.3, (before, after, w1)
+        assert float(ev["eval_ref_fid_radius_w1"]) < 0.05      # the reference stays on the ring
         assert max(kls) < 3.0, kls              # per-step KL to the reference stays bounded
         assert float(ev["eval_ref_return"]) == before    # the reference is frozen
         assert int(m["env_steps"]) == CFG.env_steps and int(m["grad_steps"]) == CFG.updates

@@ -41,12 +41,14 @@ import optax
 from scaling_rl import nets
 from scaling_rl.agents import common
 from scaling_rl.flow import data as data_lib
+from scaling_rl.flow import fidelity
 from scaling_rl.flow import rewards as rewards_lib
 from scaling_rl.flow import sde
 from scaling_rl.flow.model import Pretrainer, VelocityNet, velocity_flops, velocity_param_count
 from scaling_rl.llm.objectives import SCALE_REWARDS, aggregate, clipped_surrogate, group_advantages
 
 PACKABLE = ("lr",)
+HELD_OUT_STREAM = 0x4E1D     # held-out data for fidelity: fold_in(PRNGKey(pretrain_seed), this)
 SAMPLERS = ("full", "fast", "shared_prefix")
 
 
@@ -367,13 +369,22 @@ def make(cfg: Config):
         return sde.ode_sample(velocity(params, cond), x0, num_steps), cond
 
     def evaluate(state: FlowState, key):
-        """ODE at t_eval steps: mean reward (eval_return), diversity and distance to the reference."""
+        """ODE at t_eval steps: mean reward (eval_return), fidelity to held-out data beside it
+        (`fidelity.measures`, as eval_fid_*, for the policy and the reference), diversity and
+        distance to the reference."""
         x, cond = sample_ode(state.params, key, cfg.eval_samples, cfg.t_eval)
         x_ref, _ = sample_ode(state.ref_params, key, cfg.eval_samples, cfg.t_eval)
+        held_out, _ = ds.sample(jax.random.fold_in(jax.random.PRNGKey(cfg.pretrain_seed),
+                                                   HELD_OUT_STREAM), cfg.eval_samples)
         r = reward_fn(x, cond)
-        return {"eval_return": jnp.mean(r), "eval_diversity": diversity(x, cond),
-                "eval_ref_return": jnp.mean(reward_fn(x_ref, cond)),
-                "eval_ref_distance": jnp.mean(jnp.linalg.norm(x - x_ref, axis=-1))}
+        out = {"eval_return": jnp.mean(r), "eval_diversity": diversity(x, cond),
+               "eval_ref_return": jnp.mean(reward_fn(x_ref, cond)),
+               "eval_ref_distance": jnp.mean(jnp.linalg.norm(x - x_ref, axis=-1))}
+        for name, value in fidelity.measures(cfg.dataset, x, held_out).items():
+            out[f"eval_fid_{name}"] = value
+        for name, value in fidelity.measures(cfg.dataset, x_ref, held_out).items():
+            out[f"eval_ref_fid_{name}"] = value
+        return out
 
     def set_hparams(state: FlowState, hp):
         return state.replace(opt_state=common.set_hyperparams(state.opt_state, learning_rate=hp["lr"]))
