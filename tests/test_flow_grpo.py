@@ -47,11 +47,50 @@ def test_objective_hand_computed_values():
     np.testing.assert_allclose(g, [[-0.25, 0.0], [0.0, 0.25]], atol=1e-7)
 
 
+def test_advantage_options_by_hand():
+    r = jnp.array([1.0, 3.0, 5.0, 5.0, 0.0, 10.0])
+    cond = jnp.array([0, 0, 1, 1, 0, 0])               # groups of 2; prompt 0 in groups 0 and 2
+    adv = jax.jit(grpo.advantages, static_argnums=(2, 3, 4, 5))
+    a, equal = adv(r, cond, 2, "group", "group", 0.0)
+    np.testing.assert_allclose(a, [-0.7071, 0.7071, 0, 0, -0.7071, 0.7071], atol=1e-3)
+    np.testing.assert_array_equal(equal, [False, False, True, True, False, False])
+    a, _ = adv(r, cond, 2, "group", "prompt", 0.0)     # prompt 0: {1, 3, 0, 10}, mean 3.5
+    sd = float(np.std([1, 3, 0, 10], ddof=1))
+    np.testing.assert_allclose(a, np.array([-2.5, -0.5, 0, 0, -3.5, 6.5]) / sd, atol=1e-3)
+    a, _ = adv(r, cond, 2, "none", "prompt", 5.0)      # clipped to ±5
+    np.testing.assert_allclose(a, [-2.5, -0.5, 0, 0, -3.5, 5.0], atol=1e-5)
+    a, _ = adv(r, cond, 2, "batch", "prompt", 0.0)     # the paper's global std
+    np.testing.assert_allclose(a, np.array([-2.5, -0.5, 0, 0, -3.5, 6.5]) / float(np.std(r, ddof=1)),
+                               atol=1e-3)
+
+
+def test_clip_range_acts_with_mean_logprobs_and_equal_groups_leave_the_loss():
+    """μ = 2 with log-probs averaged over dimensions and the official code's clip range (1e-4): the
+    second iteration's ratios leave [1-ε, 1+ε] (clip_frac > 0); a reward that is constant within
+    every group with drop_equal_groups gives a zero loss and no update."""
+    cfg = grpo.Config(**{**TINY, "logp_reduce": "mean", "clip_eps": 1e-4, "beta": 0.0,
+                         "drop_equal_groups": True, "adv_clip": 5.0})
+    agent = grpo.make(cfg)
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0))
+    state = state.replace(params=jax.tree.map(lambda p: p + 0.05, state.params))   # a non-zero head
+    update = jax.jit(agent.update)
+    _, m = update(state)
+    assert float(m["clip_frac"]) > 0.1 and float(m["ratio_mean"]) != 1.0
+    grpo.rewards_lib.register("_const", lambda x, c: jnp.ones(x.shape[0]))
+    try:
+        same = grpo.make(dataclasses.replace(cfg, reward="_const"))
+        new, m = jax.jit(same.update)(state)
+        assert float(m["loss"]) == 0.0 and float(m["grad_norm"]) == 0.0
+    finally:
+        grpo.rewards_lib._REWARDS.pop("_const")
+
+
 def test_bad_config_is_a_one_line_error_naming_the_field():
     for kw, field in (({"group_size": 1}, "group_size"), ({"noise_schedule": "cos"}, "noise_schedule"),
                       ({"reward": "nope"}, "reward"), ({"updates": 15}, "updates"),
                       ({"sampler": "fast", "fast_window": 11}, "fast_window"),
-                      ({"sampler": "fastest"}, "sampler"), ({"lr": 0.0}, "lr"),
+                      ({"sampler": "fastest"}, "sampler"), ({"adv_pool": "x"}, "adv_pool"),
+                      ({"logp_reduce": "max"}, "logp_reduce"), ({"adv_clip": -1.0}, "adv_clip"), ({"lr": 0.0}, "lr"),
                       ({"reward": "shapes_red"}, "reward"), ({"dataset": "x"}, "dataset"),
                       ({"kind": "crl", "depth": 2}, "depth")):
         with pytest.raises(ValueError, match=f"^{field}: ") as e:

@@ -45,11 +45,14 @@ from scaling_rl.flow import fidelity
 from scaling_rl.flow import rewards as rewards_lib
 from scaling_rl.flow import sde
 from scaling_rl.flow.model import Pretrainer, VelocityNet, velocity_flops, velocity_param_count
-from scaling_rl.llm.objectives import SCALE_REWARDS, aggregate, clipped_surrogate, group_advantages
+from scaling_rl.llm.objectives import (ADV_EPS, SCALE_REWARDS, aggregate, clipped_surrogate,
+                                      group_advantages)
 
 PACKABLE = ("lr",)
 HELD_OUT_STREAM = 0x4E1D     # held-out data for fidelity: fold_in(PRNGKey(pretrain_seed), this)
 SAMPLERS = ("full", "fast", "shared_prefix")
+ADV_POOLS = ("group", "prompt")
+LOGP_REDUCES = ("sum", "mean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +74,12 @@ class Config:
     num_iterations: int = 1          # μ
     clip_eps: float = 0.2
     beta: float = 0.01               # KL coefficient
-    scale_rewards: str = "group"     # llm.objectives.SCALE_REWARDS
+    scale_rewards: str = "group"     # llm.objectives.SCALE_REWARDS ("batch": the paper's global std)
+    adv_pool: str = "group"          # ADV_POOLS: centre/scale per group, or per prompt across the batch
+    adv_clip: float = 0.0            # clip advantages to ±adv_clip (0: off; the paper uses 5)
+    drop_equal_groups: bool = False  # leave groups whose rewards are all equal out of the loss
+    logp_reduce: str = "sum"         # LOGP_REDUCES: step log-prob summed (density) or averaged over
+                                     # dimensions (the official code; pair with clip_eps ~1e-4)
     noise_level: float = 0.7         # a in σ_t (sde.py)
     noise_schedule: str = "sqrt"
     t_train: int = 10
@@ -86,6 +94,9 @@ class Config:
         data_lib.get(self.dataset)
         rewards_lib.get(self.reward)
         sde.check_schedule(self.noise_schedule)
+        for name, options in (("adv_pool", ADV_POOLS), ("logp_reduce", LOGP_REDUCES)):
+            if getattr(self, name) not in options:
+                raise ValueError(f"{name}: {getattr(self, name)!r} is unknown; use one of {options}")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler: {self.sampler!r} is unknown; use one of {SAMPLERS}")
         if self.scale_rewards not in SCALE_REWARDS:
@@ -100,7 +111,7 @@ class Config:
         for name in ("pretrain_lr", "lr", "noise_level"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
-        for name in ("clip_eps", "beta", "max_grad_norm"):
+        for name in ("clip_eps", "beta", "max_grad_norm", "adv_clip"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if self.updates % self.chunk_updates:
@@ -200,15 +211,40 @@ def update_flops(cfg: Config, dim: int, num_classes: int) -> dict[str, float]:
     return out
 
 
-def grpo_loss(logp, old_logp, mean, ref_mean, std, advantages, clip_eps: float, beta: float):
+def advantages(r, cond, group_size: int, scale: str, pool: str, clip: float):
+    """Advantages of rewards r (B,) with conditions cond (B,): centred (and scaled by `scale`)
+    within each group (`pool='group'`, `llm.objectives.group_advantages`) or within each prompt
+    pooled across the batch (`'prompt'`: all samples with the same condition, as the official
+    per-prompt stat tracker; an unconditional model has one prompt), then clipped to ±clip (> 0).
+    Returns (adv (B,), equal (B,) bool: the sample's group has all-equal rewards)."""
+    adv, equal = group_advantages(r, group_size, scale)
+    if pool == "prompt":
+        same = (cond[:, None] == cond[None]).astype(r.dtype)             # (B, B)
+        count = jnp.sum(same, axis=1)
+        mean = same @ r / count
+        var = same @ (r * r) / count - mean ** 2
+        std = jnp.sqrt(jnp.maximum(var * count / jnp.maximum(count - 1, 1), 0.0))
+        if scale == "group":
+            adv = (r - mean) / (std + ADV_EPS)
+        elif scale == "batch":
+            adv = (r - mean) / (jnp.std(r, ddof=1) + ADV_EPS)
+        else:
+            adv = r - mean
+    if clip > 0:
+        adv = jnp.clip(adv, -clip, clip)
+    return adv, equal
+
+
+def grpo_loss(logp, old_logp, mean, ref_mean, std, advantages, clip_eps: float, beta: float,
+              mask=None):
     """Flow-GRPO objective on (B, W) step log-probs; mean/ref_mean (B, W, d), std (B, W).
 
-    Returns (loss, metrics): loss = mean over steps and samples of the clipped surrogate
-    + β·KL(step Gaussian of θ || of the reference).
+    Returns (loss, metrics): loss = mean over the (mask's) steps and samples of the clipped
+    surrogate + β·KL(step Gaussian of θ || of the reference).
     """
     per_step, ratio = clipped_surrogate(logp, old_logp, advantages, clip_eps, clip_eps)
     kl = sde.gaussian_kl_same_std(mean, ref_mean, std)
-    mask = jnp.ones_like(logp)
+    mask = jnp.ones_like(logp) if mask is None else mask
     loss = aggregate(per_step + beta * kl, mask, "bnpo", logp.shape[1])
     stop = jax.lax.stop_gradient
     clipped = (jnp.abs(ratio - 1.0) > clip_eps).astype(logp.dtype)
@@ -310,6 +346,8 @@ def make(cfg: Config):
         v = net.apply(params, x, t, c if num_classes else None)
         mean, std = sde.step_gaussian(x, v, t, T, cfg.noise_level, cfg.noise_schedule)
         logp = sde.gaussian_logprob(xs_next.reshape(W * B, d), mean, std)
+        if cfg.logp_reduce == "mean":
+            logp = logp / d
         swap = lambda a: jnp.swapaxes(a.reshape((W, B) + a.shape[1:]), 0, 1)
         return swap(logp), swap(mean), swap(std)
 
@@ -320,7 +358,9 @@ def make(cfg: Config):
         params = state.params
         x, cond, xs, xs_next, idx, evals = rollout(jax.lax.stop_gradient(params), k_roll, cond_groups)
         r = reward_fn(x, cond)
-        adv, zero_std = group_advantages(r, G, cfg.scale_rewards)
+        adv, zero_std = advantages(r, cond, G, cfg.scale_rewards, cfg.adv_pool, cfg.adv_clip)
+        keep = jnp.broadcast_to((~zero_std if cfg.drop_equal_groups else
+                                 jnp.ones_like(zero_std))[:, None], (B, W)).astype(jnp.float32)
         if cfg.beta > 0:
             _, ref_mean, _ = step_stats(state.ref_params, xs, xs_next, idx, cond)
             evals = evals + B * W
@@ -332,7 +372,7 @@ def make(cfg: Config):
             # the first iteration's old policy is the current one: ρ = 1 exactly, gradient intact
             old = jnp.where(first, jax.lax.stop_gradient(logp), old_logp)
             ref = jax.lax.stop_gradient(mean) if ref_mean is None else ref_mean
-            loss, m = grpo_loss(logp, old, mean, ref, std, adv, cfg.clip_eps, cfg.beta)
+            loss, m = grpo_loss(logp, old, mean, ref, std, adv, cfg.clip_eps, cfg.beta, keep)
             return loss, (m, old)
 
         def inner(carry, i):
