@@ -156,6 +156,36 @@ def test_conditional_step_gaussians_use_each_samples_condition():
     assert float(jnp.abs(other - mean[0, 2]).max()) > 1e-3
 
 
+def test_classifier_free_guidance_velocity_flops_and_label_dropout():
+    from scaling_rl.flow import model
+    cfg = grpo.Config(**{**TINY, "conditional": True, "guidance_scale": 3.0})
+    agent = grpo.make(cfg)
+    assert agent.param_count == model.velocity_param_count(cfg.backbone(), 2, 9)    # 8 + null
+    assert agent.pretrainer.label_dropout == 0.1 and agent.pretrainer.null_label == 8
+    params = jax.tree.map(lambda p: p + 0.1, jax.jit(agent.init)(jax.random.PRNGKey(0)).params)
+    x, t, c = jax.random.normal(jax.random.PRNGKey(1), (4, 2)), jnp.full((4,), 0.3), jnp.array([0, 3, 5, 7])
+    got = jax.jit(lambda p: agent.velocity(p, c)(x, t))(params)
+    v_c = agent.net.apply(params, x, t, c)
+    v_u = agent.net.apply(params, x, t, jnp.full((4,), 8))
+    np.testing.assert_allclose(got, v_u + 3.0 * (v_c - v_u), rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(v_c - v_u).max()) > 1e-3                  # the condition matters
+    plain = grpo.Config(**{**TINY, "conditional": True})
+    per_eval = model.velocity_flops(cfg.backbone(), 2, 9)
+    np.testing.assert_allclose(grpo.update_flops(cfg, 2, 8)["total"], 2 * per_eval / model.velocity_flops(
+        cfg.backbone(), 2, 8) * grpo.update_flops(plain, 2, 8)["total"], rtol=1e-12)
+    # pretraining with label dropout trains the null class (its one-hot row of the first kernel,
+    # input index 2 + 16 + 8, moves); without dropout that row gets no gradient
+    p0 = agent.net.init(jax.random.PRNGKey(2), jnp.zeros((1, 2)), jnp.zeros((1,)), jnp.zeros((1,), jnp.int32))
+    first = lambda p: next(k for k in jax.tree.leaves(p) if k.ndim == 2 and k.shape[0] == 2 + 16 + 9)
+    for dropout, moved in ((0.1, True), (0.0, False)):
+        pre = dataclasses.replace(agent.pretrainer, steps=3, batch_size=64, label_dropout=dropout)
+        p1, _ = jax.jit(pre.run)(p0, jax.random.PRNGKey(3))
+        assert bool(jnp.any(first(p1)[26] != first(p0)[26])) == moved
+        assert bool(jnp.any(first(p1)[25] != first(p0)[25]))       # a data class always trains
+    with pytest.raises(ValueError, match="^guidance_scale: "):
+        grpo.Config(guidance_scale=2.0)
+
+
 def _initial_noise(key, rows):
     """The rollout's initial noise (its documented key split: k_start, k_noise, k_steps)."""
     return jax.random.normal(jax.random.split(key, 3)[1], (rows, 2))

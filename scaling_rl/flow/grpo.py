@@ -60,6 +60,9 @@ class Config:
     dataset: str = "toy2d"           # data_lib.DATASETS
     reward: str = "toy_angle"        # rewards_lib.known()
     conditional: bool = False        # class-conditioned generator (conditions drawn per group)
+    guidance_scale: float = 0.0      # classifier-free guidance w (0: off): v = v_u + w·(v_c - v_u);
+                                     # the net gets a null class, pretraining drops labels w.p.
+    label_dropout: float = 0.1       # label_dropout; sampling and the policy use the guided v
     kind: str = "bro"                # backbone (scaling_rl.nets)
     width: int = 64
     depth: int = 2
@@ -111,7 +114,11 @@ class Config:
         for name in ("pretrain_lr", "lr", "noise_level"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
-        for name in ("clip_eps", "beta", "max_grad_norm", "adv_clip"):
+        if self.guidance_scale > 0 and not self.conditional:
+            raise ValueError("guidance_scale: classifier-free guidance needs conditional: true")
+        if not 0.0 <= self.label_dropout < 1.0:
+            raise ValueError(f"label_dropout: must be in [0, 1), got {self.label_dropout!r}")
+        for name in ("clip_eps", "beta", "max_grad_norm", "adv_clip", "guidance_scale"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if self.updates % self.chunk_updates:
@@ -159,6 +166,19 @@ class Config:
     def chunk_env_steps(self) -> int:
         return self.chunk_updates * self.batch_size
 
+    @property
+    def guided(self) -> bool:
+        return self.guidance_scale > 0
+
+    def net_classes(self, num_classes: int) -> int:
+        """Classes the velocity net embeds: the data's, plus the null class under guidance."""
+        return num_classes + 1 if self.guided and num_classes else num_classes
+
+    def eval_flops(self, dim: int, num_classes: int) -> float:
+        """FLOPs of one (guided: conditional + unconditional) velocity evaluation."""
+        f = velocity_flops(self.backbone(), dim, self.net_classes(num_classes))
+        return float(f * (2 if self.guided else 1))
+
     def backbone(self) -> nets.BackboneConfig:
         return nets.BackboneConfig(kind=self.kind, width=self.width, depth=self.depth)
 
@@ -201,7 +221,7 @@ def update_flops(cfg: Config, dim: int, num_classes: int) -> dict[str, float]:
     sampling: B·T velocity evaluations (full and fast; shared_prefix: n·E[k] + B·(T - E[k]) with
     k ~ U{0..T-W}); reference: B·W (only when β > 0); training: μ·B·W·3.
     """
-    f = velocity_flops(cfg.backbone(), dim, num_classes)
+    f = cfg.eval_flops(dim, num_classes)
     b, t, w, n = cfg.batch_size, cfg.t_train, cfg.window, cfg.groups
     k = cfg.max_window_start / 2.0
     sampling = (n * k + b * (t - k)) if cfg.sampler == "shared_prefix" else b * t
@@ -277,16 +297,27 @@ def make(cfg: Config):
     """The agent for `cfg` (docs/architecture.md contract) plus `rollout`/`sample_ode` helpers."""
     ds = data_lib.get(cfg.dataset)
     num_classes = ds.num_classes if cfg.conditional else 0
-    net = VelocityNet(cfg.backbone(), ds.dim, num_classes)
+    net_classes = cfg.net_classes(num_classes)
+    net = VelocityNet(cfg.backbone(), ds.dim, net_classes)
     reward_fn = rewards_lib.get(cfg.reward)
     opt = common.make_optimizer(cfg.lr, 0.0, cfg.max_grad_norm)
-    pretrainer = Pretrainer(net, ds.sample, cfg.pretrain_steps, cfg.pretrain_batch, cfg.pretrain_lr)
+    pretrainer = Pretrainer(net, ds.sample, cfg.pretrain_steps, cfg.pretrain_batch, cfg.pretrain_lr,
+                            cfg.label_dropout if cfg.guided else 0.0, num_classes)
     T, W, G, n, B, d = cfg.t_train, cfg.window, cfg.group_size, cfg.groups, cfg.batch_size, ds.dim
-    flops_per_eval = float(velocity_flops(cfg.backbone(), d, num_classes))
+    flops_per_eval = cfg.eval_flops(d, num_classes)
+
+    def guided_velocity(params, x, t, cond):
+        """v(x, t | cond); under guidance v_u + w·(v_c - v_u) with the null class for v_u."""
+        if not num_classes:
+            return net.apply(params, x, t, None)
+        v_c = net.apply(params, x, t, cond)
+        if not cfg.guided:
+            return v_c
+        v_u = net.apply(params, x, t, jnp.full_like(cond, num_classes))
+        return v_u + cfg.guidance_scale * (v_c - v_u)
 
     def velocity(params, cond):
-        c = cond if num_classes else None
-        return lambda x, t: net.apply(params, x, t, c)
+        return lambda x, t: guided_velocity(params, x, t, cond)
 
     def draw_conditions(key, count):
         if not num_classes:
@@ -343,7 +374,7 @@ def make(cfg: Config):
         t = jnp.broadcast_to((idx / T)[:, None], (W, B)).astype(jnp.float32).reshape(-1)
         x = xs.reshape(W * B, d)
         c = jnp.tile(cond, W)
-        v = net.apply(params, x, t, c if num_classes else None)
+        v = guided_velocity(params, x, t, c)
         mean, std = sde.step_gaussian(x, v, t, T, cfg.noise_level, cfg.noise_schedule)
         logp = sde.gaussian_logprob(xs_next.reshape(W * B, d), mean, std)
         if cfg.logp_reduce == "mean":
@@ -431,7 +462,7 @@ def make(cfg: Config):
 
     return FlowAgent(init=init, chunk=chunk, evaluate=evaluate,
                      num_chunks=cfg.updates // cfg.chunk_updates,
-                     param_count=velocity_param_count(cfg.backbone(), d, num_classes),
+                     param_count=velocity_param_count(cfg.backbone(), d, net_classes),
                      update=update, env_spec=None, set_hparams=set_hparams, net=net,
                      rollout=rollout, step_stats=step_stats, sample_ode=sample_ode,
                      velocity=velocity, pretrainer=pretrainer, dataset=ds, num_classes=num_classes)
