@@ -1,7 +1,7 @@
 """Flow-GRPO vs denoising reduction vs Flow-GRPO-Fast (official) vs shared-prefix, at equal training
 FLOPs: evaluation reward and fidelity against training FLOPs.
 
-    python experiments/flow_grpo.py                    # CPU default: 2-D toy, 3 seeds, ~2-4 min
+    python experiments/flow_grpo.py                    # CPU default: 2-D toy, 3 seeds, ~10 min
     python experiments/flow_grpo.py --out runs/flow_grpo_shapes --dataset shapes \\
         --reward shapes_red --width 512 --depth 4 --pretrain-steps 20000 --pretrain-batch 256 \\
         --pretrain-lr 1e-3 --lr 3e-4 --groups 16 --group-size 16 --updates 400 --chunk-updates 10 --seeds 3  # GPU
