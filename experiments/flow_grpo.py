@@ -18,7 +18,8 @@ chunks of updates as fit, so its final FLOPs are within one chunk of the budget)
 Fidelity beside reward (`scaling_rl.flow.fidelity`, held-out data): MMD² to the data, and the
 toy's radius W1 (or the shapes' fraction of data-like images); a reward gain that costs fidelity
 shows in the table's fidelity columns and the figure's fidelity panel.
-Evaluation is always the ODE at T_eval (noise from the seed and chunk key: fresh each chunk, shared by policy and reference) (`eval_return`, the reward), with the
+Evaluation is always the ODE at T_eval (noise from the seed and chunk key: fresh each chunk, shared
+by policy and reference) (`eval_return`, the reward), with the
 per-step KL to the reference (train-time; also × T_train, since steps on a finer grid are
 closer: the per-trajectory figure compares variants), and diversity = mean pairwise distance of same-condition
 samples (a collapse to one mode — reward hacking — drives it to 0). FLOPs are the velocity-network
