@@ -1,17 +1,25 @@
-"""Flow-GRPO vs denoising reduction vs Flow-GRPO-Fast: evaluation reward against training FLOPs.
+"""Flow-GRPO vs denoising reduction vs Flow-GRPO-Fast (official) vs shared-prefix, at equal training
+FLOPs: evaluation reward and fidelity against training FLOPs.
 
-    python experiments/flow_grpo.py                    # CPU default: 2-D toy, 3 seeds, ~2-4 min
+    python experiments/flow_grpo.py                    # CPU default: 2-D toy, 3 seeds, ~10 min
     python experiments/flow_grpo.py --out runs/flow_grpo_shapes --dataset shapes \\
         --reward shapes_red --width 512 --depth 4 --pretrain-steps 20000 --pretrain-batch 256 \\
         --pretrain-lr 1e-3 --lr 3e-4 --groups 16 --group-size 16 --updates 400 --chunk-updates 10 --seeds 3  # GPU
 
-Three variants from the same pretrained reference (`pretrain_seed` 0), same seeds and number of
-policy updates:
-  flow_grpo  T_train = T_eval (no reduction), loss on every denoising step;
-  reduction  T_train < T_eval (denoising reduction), every step;
-  fast       T_train < T_eval, shared ODE prefix per group, SDE branching and loss on a random
-             window of `fast_window` steps (Flow-GRPO-Fast).
-Evaluation is always the ODE at T_eval on fixed noise (`eval_return`, the reward), with the
+Four variants from the same pretrained reference (`pretrain_seed` 0) and seeds, each given the same
+training-FLOP budget (that of `--updates` updates of `reduction`; each variant runs as many whole
+chunks of updates as fit, so its final FLOPs are within one chunk of the budget):
+  flow_grpo      T_train = T_eval (no reduction), loss on every denoising step;
+  reduction      T_train < T_eval (denoising reduction), every step;
+  fast           T_train < T_eval, official Flow-GRPO-Fast: own noise and ODE prefix per sample,
+                 SDE and loss on a window of `fast_window` steps in the first half;
+  shared_prefix  T_train < T_eval, one noise and ODE prefix per group, SDE branching on a window
+                 anywhere (our earlier "Fast").
+Fidelity beside reward (`scaling_rl.flow.fidelity`, held-out data): MMD² to the data, and the
+toy's radius W1 (or the shapes' fraction of data-like images); a reward gain that costs fidelity
+shows in the table's fidelity columns and the figure's fidelity panel.
+Evaluation is always the ODE at T_eval (noise from the seed and chunk key: fresh each chunk, shared
+by policy and reference) (`eval_return`, the reward), with the
 per-step KL to the reference (train-time; also × T_train, since steps on a finer grid are
 closer: the per-trajectory figure compares variants), and diversity = mean pairwise distance of same-condition
 samples (a collapse to one mode — reward hacking — drives it to 0). FLOPs are the velocity-network
@@ -25,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import sys
 from pathlib import Path
@@ -37,13 +44,29 @@ import pandas as pd  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scaling_rl import io as sio  # noqa: E402
 
-METRICS = ("eval_return", "kl", "kl_path", "eval_diversity", "reward", "flops", "env_steps")
+METRICS = ("eval_return", "kl", "kl_path", "eval_diversity", "reward", "flops", "env_steps",
+           "eval_fid_mmd")
+FIDELITY = {"toy2d": "eval_fid_radius_w1", "shapes": "eval_fid_valid_frac"}
 
 
 def variants(base, t_train: int, window: int) -> dict:
-    return {"flow_grpo": dataclasses.replace(base, t_train=base.t_eval, fast=False),
-            "reduction": dataclasses.replace(base, t_train=t_train, fast=False),
-            "fast": dataclasses.replace(base, t_train=t_train, fast=True, fast_window=window)}
+    """The four variants at the base's number of updates (before equalising FLOPs)."""
+    return {"flow_grpo": dataclasses.replace(base, t_train=base.t_eval, sampler="full"),
+            "reduction": dataclasses.replace(base, t_train=t_train, sampler="full"),
+            "fast": dataclasses.replace(base, t_train=t_train, sampler="fast", fast_window=window),
+            "shared_prefix": dataclasses.replace(base, t_train=t_train, sampler="shared_prefix",
+                                                 fast_window=window)}
+
+
+def equal_flops(cfgs: dict, budget: float, dim: int, classes: int) -> dict:
+    """Each config with as many whole chunks of updates as fit in `budget` analytic FLOPs (>= 1)."""
+    from scaling_rl.flow import grpo
+    out = {}
+    for name, cfg in cfgs.items():
+        per_chunk = grpo.update_flops(cfg, dim, classes)["total"] * cfg.chunk_updates
+        chunks = max(int(budget // per_chunk), 1)
+        out[name] = dataclasses.replace(cfg, updates=chunks * cfg.chunk_updates)
+    return out
 
 
 def flops_to(curve: pd.DataFrame, target: float):
@@ -52,18 +75,21 @@ def flops_to(curve: pd.DataFrame, target: float):
     return float(hit["flops"].iloc[0]) if len(hit) else None
 
 
-def plot(mean: pd.DataFrame, sd: pd.DataFrame, ref_reward: float, path: Path) -> None:
+def plot(mean: pd.DataFrame, sd: pd.DataFrame, ref: dict, fid: str, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    keys = ("eval_return", fid, "eval_fid_mmd", "kl_path", "eval_diversity")
+    fig, axes = plt.subplots(1, len(keys), figsize=(21, 3.6))
     for (name, m), (_, s) in zip(mean.groupby("variant", sort=False), sd.groupby("variant", sort=False)):
-        for ax, key in zip(axes, ("eval_return", "kl_path", "eval_diversity")):
+        for ax, key in zip(axes, keys):
             ax.plot(m["flops"], m[key], "o-", ms=3, label=name)
             ax.fill_between(m["flops"], m[key] - s[key], m[key] + s[key], alpha=0.2)
-    axes[0].axhline(ref_reward, color="grey", ls="--", lw=1, label="pretrained")
-    for ax, label in zip(axes, ("eval reward (ODE at T_eval)", "KL to reference (per step × T_train)",
+    for ax, key in zip(axes, keys[:3]):
+        ax.axhline(ref[key], color="grey", ls="--", lw=1, label="pretrained")
+    for ax, label in zip(axes, ("eval reward (ODE at T_eval)", f"fidelity: {fid[9:]} (held-out data)",
+                                "fidelity: MMD² to held-out data", "KL to reference (per step × T_train)",
                                 "diversity (pairwise distance)")):
         ax.set_xscale("log")
         ax.set_xlabel("training FLOPs (velocity net)")
@@ -75,14 +101,16 @@ def plot(mean: pd.DataFrame, sd: pd.DataFrame, ref_reward: float, path: Path) ->
     plt.close(fig)
 
 
-def table(rows: list[dict]) -> str:
-    head = ("| variant | T_train | loss steps | FLOPs / update | final eval reward | KL / step | "
-            "KL × T_train | diversity | FLOPs to target | train s |")
-    lines = [head, "|" + "---|" * 10]
+def table(rows: list[dict], fid: str) -> str:
+    head = ("| variant | T_train | loss steps | updates | FLOPs / update | final FLOPs | final eval reward | "
+            f"{fid[9:]} | MMD² | KL / step | KL × T_train | diversity | FLOPs to target | train s |")
+    lines = [head, "|" + "---|" * 14]
     for r in rows:
         to = "not reached" if r["flops_to_target"] is None else f"{r['flops_to_target']:.2e}"
-        lines.append(f"| {r['variant']} | {r['t_train']} | {r['loss_steps']} | {r['flops_per_update']:.2e} | "
-                     f"{r['eval_return']:.3f} ± {r['eval_return_sd']:.3f} | {r['kl']:.3f} | {r['kl_path']:.2f} | "
+        lines.append(f"| {r['variant']} | {r['t_train']} | {r['loss_steps']} | {r['updates']} | "
+                     f"{r['flops_per_update']:.2e} | {r['flops']:.2e} | "
+                     f"{r['eval_return']:.3f} ± {r['eval_return_sd']:.3f} | {r['fidelity']:.3f} ± "
+                     f"{r['fidelity_sd']:.3f} | {r['mmd']:.4f} | {r['kl']:.3f} | {r['kl_path']:.2f} | "
                      f"{r['eval_diversity']:.3f} | {to} | {r['wall_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -105,12 +133,14 @@ def main(argv=None) -> int:
     p.add_argument("--pretrain-lr", type=float, default=3e-3)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--beta", type=float, default=0.01)
+    p.add_argument("--noise-schedule", default="flow_grpo", help="sqrt | flow_grpo (the paper's)")
+    p.add_argument("--noise-level", type=float, default=0.7)
     p.add_argument("--groups", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--t-eval", type=int, default=40)
     p.add_argument("--t-train", type=int, default=10)
     p.add_argument("--fast-window", type=int, default=2)
-    p.add_argument("--updates", type=int, default=80)
+    p.add_argument("--updates", type=int, default=80, help="of `reduction`: sets the FLOP budget")
     p.add_argument("--chunk-updates", type=int, default=4)
     p.add_argument("--eval-samples", type=int, default=256)
     p.add_argument("--seeds", type=int, default=3)
@@ -122,21 +152,32 @@ def main(argv=None) -> int:
                        pretrain_batch=args.pretrain_batch, pretrain_lr=args.pretrain_lr, lr=args.lr, beta=args.beta,
                        groups=args.groups, group_size=args.group_size, t_eval=args.t_eval,
                        updates=args.updates, chunk_updates=args.chunk_updates,
-                       eval_samples=args.eval_samples)
+                       eval_samples=args.eval_samples, noise_schedule=args.noise_schedule,
+                       noise_level=args.noise_level)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    frames, rows, ref_reward = [], [], math.nan
-    for name, cfg in variants(base, args.t_train, args.fast_window).items():
+    frames, rows = [], []
+    cfgs = variants(base, args.t_train, args.fast_window)
+    probe = grpo.make(cfgs["reduction"])
+    dim, classes = probe.dataset.dim, probe.num_classes
+    budget = grpo.update_flops(cfgs["reduction"], dim, classes)["total"] * args.updates
+    fid = FIDELITY[args.dataset]
+    for name, cfg in equal_flops(cfgs, budget, dim, classes).items():
         df = train.run("scaling_rl.flow.grpo", cfg, out / name, seeds=args.seeds, progress=False)
         wall = float(df["wall_time"].max())    # the run's own clock (compile + pretraining included)
         # per-step KLs are smaller on finer grids: per step × T_train compares whole trajectories
         df = df.assign(variant=name, kl_path=df["kl"] * cfg.t_train)
         frames.append(df)
-        ref_reward = float(df["eval_ref_return"].mean())
+        ref = {"eval_return": float(df["eval_ref_return"].mean()), fid: float(df["eval_ref_" + fid[5:]].mean()),
+               "eval_fid_mmd": float(df["eval_ref_fid_mmd"].mean())}
         last = df[df["chunk"] == df["chunk"].max()]
         agent = grpo.make(cfg)
         curve = df.groupby("chunk")[list(METRICS)].mean()
         rows.append({"variant": name, "t_train": cfg.t_train, "loss_steps": cfg.window,
+                     "updates": cfg.updates, "flops": float(last["flops"].mean()),
+                     "fidelity": float(last[fid].mean()),
+                     "fidelity_sd": float(last[fid].std(ddof=1)) if len(last) > 1 else 0.0,
+                     "mmd": float(last["eval_fid_mmd"].mean()),
                      "flops_per_update": grpo.update_flops(cfg, agent.dataset.dim, agent.num_classes)["total"],
                      "eval_return": float(last["eval_return"].mean()),
                      "eval_return_sd": float(last["eval_return"].std(ddof=1)) if len(last) > 1 else 0.0,
@@ -144,22 +185,25 @@ def main(argv=None) -> int:
                      "eval_diversity": float(last["eval_diversity"].mean()),
                      "flops_to_target": flops_to(curve, args.target), "wall_s": wall,
                      "param_count": agent.param_count})
-        print(f"{name}: final eval reward {rows[-1]['eval_return']:.3f}, KL {rows[-1]['kl']:.3f}, "
+        print(f"{name}: final eval reward {rows[-1]['eval_return']:.3f}, {fid} {rows[-1]['fidelity']:.3f}, "
+              f"KL {rows[-1]['kl']:.3f}, "
               f"diversity {rows[-1]['eval_diversity']:.3f}, FLOPs to {args.target}: "
               f"{rows[-1]['flops_to_target']}", flush=True)
     curves = pd.concat(frames, ignore_index=True)
-    cols = ["variant", "seed", "chunk"] + [c for c in METRICS if c in curves] + ["eval_ref_return"]
+    cols = ["variant", "seed", "chunk"] + [c for c in METRICS if c in curves] + [fid, "eval_ref_return"]
     sio.atomic_write_text(out / "curves.csv", curves[cols].to_csv(index=False))
-    keys = list(METRICS)
+    keys = list(METRICS) + [fid]
     mean = curves.groupby(["variant", "chunk"], sort=False)[keys].mean().reset_index()
     sd = curves.groupby(["variant", "chunk"], sort=False)[keys].std(ddof=1).fillna(0.0).reset_index()
-    plot(mean, sd, ref_reward, out / "flow_grpo.png")
-    text = (f"Pretrained reference: eval reward {ref_reward:.3f} (ODE, T_eval={args.t_eval}); "
-            f"{args.seeds} seeds, {args.updates} updates of B={base.batch_size} (G={base.group_size}); "
+    plot(mean, sd, ref, fid, out / "flow_grpo.png")
+    text = (f"Pretrained reference: eval reward {ref['eval_return']:.3f}, {fid[9:]} {ref[fid]:.3f}, MMD² "
+            f"{ref['eval_fid_mmd']:.4f} (ODE, T_eval={args.t_eval}); {args.seeds} seeds; equal FLOP budget "
+            f"{budget:.2e} (= {args.updates} updates of reduction) of B={base.batch_size} (G={base.group_size}); "
+            f"noise {args.noise_schedule} a={args.noise_level}; ± = seed std; "
             f"target {args.target}; N={rows[0]['param_count']:,}; {jax.devices()[0].platform}.\n\n"
-            + table(rows))
+            + table(rows, fid))
     sio.atomic_write_text(out / "table.md", text)
-    sio.atomic_write_json(out / "summary.json", {"args": vars(args), "reference_eval_return": ref_reward,
+    sio.atomic_write_json(out / "summary.json", {"args": vars(args), "reference": ref, "budget_flops": budget,
                                                  "variants": rows})
     print(text)
     return 0

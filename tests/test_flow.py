@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from scaling_rl import nets
-from scaling_rl.flow import data, model, rewards, sde
+from scaling_rl.flow import data, fidelity, model, rewards, sde
 
 N, T = 2000, 100
 # jitted once: op-by-op dispatch would compile every primitive separately
@@ -38,12 +38,14 @@ def _mmd(a, b, scale=0.5):
 def paths():
     """ODE and SDE paths of the exact toy velocity from independent noise (T = 100 steps)."""
     v = data.toy2d_velocity
-    ka, kb, kc = jax.random.split(jax.random.PRNGKey(0), 3)
-    ode = jax.jit(lambda x: sde.ode_path(v, x, T))(jax.random.normal(ka, (N, 2)))
+    ka, kb, kc, kd = jax.random.split(jax.random.PRNGKey(0), 4)
+    ode_fn = jax.jit(lambda x: sde.ode_path(v, x, T))
+    ode = ode_fn(jax.random.normal(ka, (N, 2)))
     sde_fn = jax.jit(lambda x, k, a, sched, score: sde.sde_path(v, x, k, T, a, sched, score)[0],
                      static_argnums=(3, 4))
     x0 = jax.random.normal(kb, (N, 2))
-    return {"ode": ode, "sde": sde_fn(x0, kc, 0.8, "sqrt", True),
+    return {"ode": ode, "ode2": ode_fn(jax.random.normal(kd, (N, 2))),
+            "sde": sde_fn(x0, kc, 0.8, "sqrt", True),
             "flow_grpo": sde_fn(x0, kc, 0.5, "flow_grpo", True),
             "no_score": sde_fn(x0, kc, 0.8, "sqrt", False)}
 
@@ -59,11 +61,18 @@ def test_sampler_second_moment_matches_the_exact_marginal(paths, sampler):
 
 
 def test_sde_and_ode_marginals_match_and_a_wrong_drift_does_not(paths):
-    """MMD between independent ODE and SDE samples is at the noise floor; without the score term
-    (the wrong drift) the marginals spread out: E||x||² off by > 8 standard errors, MMD 3x larger."""
+    """MMD² (RBF 0.5, N = 2000) against the ODE. Measured: a second, independent ODE sample
+    -0.4 to -2.5e-4 (the noise floor); the flow_grpo-schedule SDE -1.9 to -2.9e-4 (at the floor);
+    the sqrt-schedule SDE 4.6-7.9e-4 (above the floor: Euler-Maruyama bias at T = 100, small);
+    without the score term (the wrong drift) 2.1-2.4e-3, >= 3x the sqrt SDE's at the same t, and
+    E||x||² off by > 8 standard errors."""
     for k in (50, 75):
-        assert _mmd(paths["ode"][k], paths["sde"][k]) < 1.2e-3
-        assert _mmd(paths["ode"][k], paths["no_score"][k]) > 1.8e-3
+        floor = _mmd(paths["ode"][k], paths["ode2"][k])
+        assert abs(floor) < 1e-3 * 0.5
+        assert _mmd(paths["ode"][k], paths["flow_grpo"][k]) < floor + 4e-4
+        sde_mmd = _mmd(paths["ode"][k], paths["sde"][k])
+        assert sde_mmd < 1e-3
+        assert _mmd(paths["ode"][k], paths["no_score"][k]) > max(3 * sde_mmd, 1.5e-3)
     for k in (50, 75, 100):
         sq = np.sum(np.asarray(paths["no_score"][k], np.float64) ** 2, -1)
         assert sq.mean() - _exact_m2(k / T) > 8 * sq.std() / math.sqrt(N)
@@ -71,6 +80,22 @@ def test_sde_and_ode_marginals_match_and_a_wrong_drift_does_not(paths):
     radial = lambda x: float(jnp.std(jnp.linalg.norm(x, axis=-1)))
     assert abs(radial(paths["sde"][T]) - data.TOY_STD) < 0.02
     assert radial(paths["no_score"][T]) > data.TOY_STD + 0.05
+
+
+def test_flow_grpo_schedule_near_pure_noise_keeps_a_first_step_bias_as_the_step_shrinks():
+    """σ_t = a√((1-t)/t) clamped at t = Δ: the first step's variance σ²Δ = a²(1-Δ) is O(1) whatever
+    T, so Euler-Maruyama inflates E||x||² right after pure noise by ~a⁴/2 (+0.12 at a = 0.7) at T = 100
+    and T = 400 alike (faithful to the official code; "same marginals" is a property of the SDE, and
+    of its discretisation only away from t = 0: by t = 0.25 the test above finds E||x||² exact)."""
+    v, a, n = data.toy2d_velocity, 0.7, 20000
+    x0 = jax.random.normal(jax.random.PRNGKey(7), (n, 2))
+    step = jax.jit(sde.sde_transition, static_argnums=(0, 4, 5, 6))
+    for steps in (100, 400):
+        x1 = step(v, x0, 0, jax.random.PRNGKey(8), steps, a, "flow_grpo")[0]
+        excess = float(jnp.mean(jnp.sum(x1 ** 2, -1))) - _exact_m2(1 / steps)
+        se = float(jnp.std(jnp.sum(x1 ** 2, -1))) / math.sqrt(n)
+        assert abs(excess - a ** 4 / 2) < 4 * se + 0.02, (steps, excess)
+        assert excess > 0.08
 
 
 def test_step_logprob_is_the_gaussian_density_of_the_sampled_step():
@@ -137,8 +162,10 @@ def test_shapes_detector_is_exact_on_data():
 
 
 def test_reward_values_by_hand():
-    pts = jnp.array([[2.0, 0.0], [0.0, 1.0], [-3.0, 0.0]])
-    np.testing.assert_allclose(REWARD["toy_angle"](pts, None), [1.0, 0.0, -1.0], atol=1e-6)
+    pts = jnp.array([[2.0, 0.0], [0.0, 1.0], [-3.0, 0.0], [0.0, -2.0], [2.15, 0.0]])
+    g = math.exp(-0.5 * (0.15 / (1.5 * data.TOY_STD)) ** 2)       # one mode std off the ring
+    np.testing.assert_allclose(REWARD["toy_angle"](pts, None), [1.0, -1.0, -1.0, 0.0, 2 * g - 1],
+                               atol=1e-4)
     img = (-jnp.ones((1, 12, 12, 3))).at[0, 0:2, 0:2, 0].set(1.0).at[0, 5:7, 9:11, 2].set(1.0)
     x = img.reshape(1, -1)
     assert float(REWARD["shapes_red"](x, None)[0]) == 0.5          # red + blue
@@ -150,6 +177,44 @@ def test_reward_values_by_hand():
     rewards.register("neg_x", lambda x, c: -x[..., 0])
     assert "neg_x" in rewards.known() and float(rewards.get("neg_x")(pts, None)[0]) == -2.0
     rewards._REWARDS.pop("neg_x")
+
+
+def test_gamed_rewards_score_at_most_the_data_average():
+    """The hacks: an almost blank image whose red channel is 0.01 everywhere and a solid red image
+    (the old 2×2-mean detector counted them: shapes_red 1.0), and the toy pushed off the ring at
+    angle 0 (the ungated angle reward gave 0.999 at mean radius 2.369). Each scores <= the data."""
+    x, label = jax.jit(data.shapes_sample, static_argnums=1)(jax.random.PRNGKey(1), 1024)
+    faint = (-jnp.ones((12, 12, 3))).at[..., 0].set(0.01).reshape(1, -1)
+    solid = (-jnp.ones((12, 12, 3))).at[..., 0].set(1.0).reshape(1, -1)
+    big = (-jnp.ones((12, 12, 3))).at[0:4, 0:4, 0].set(1.0).reshape(1, -1)    # a 4×4 red blob
+    for name in ("shapes_red", "shapes_red_left", "shapes_count"):
+        avg = float(jnp.mean(REWARD[name](x, label)))
+        for hack in (faint, solid, big):
+            assert float(REWARD[name](hack, jnp.zeros((1,), jnp.int32))[0]) <= avg, (name, avg)
+    assert not bool(jnp.any(DETECT(jnp.concatenate([faint, solid, big]))[0]))
+    ring, _ = jax.jit(data.toy2d_sample, static_argnums=1)(jax.random.PRNGKey(2), 4096)
+    avg = float(jnp.mean(REWARD["toy_angle"](ring, None)))
+    radius = 2.369 + data.TOY_STD * jax.random.normal(jax.random.PRNGKey(3), (4096,))
+    off = jnp.stack([radius, jnp.zeros_like(radius)], -1)
+    assert float(jnp.mean(REWARD["toy_angle"](off, None))) <= avg < 0
+    on = data.toy2d_means()[0] + data.TOY_STD * jax.random.normal(jax.random.PRNGKey(4), (4096, 2))
+    assert float(jnp.mean(REWARD["toy_angle"](on, None))) > 0.6     # the rightmost mode still pays
+
+
+def test_fidelity_measures_see_samples_leave_the_data():
+    ring, _ = jax.jit(data.toy2d_sample, static_argnums=1)(jax.random.PRNGKey(2), 256)
+    held, _ = jax.jit(data.toy2d_sample, static_argnums=1)(jax.random.PRNGKey(3), 256)
+    measures = jax.jit(fidelity.measures, static_argnums=0)
+    same = measures("toy2d", ring, held)
+    pushed = measures("toy2d", ring * 2.369 / 2.0, held)           # radius drift 2.0 -> 2.369
+    assert abs(float(same["mmd"])) < 0.01 and float(same["radius_w1"]) < 0.03
+    assert float(pushed["radius_w1"]) > 0.3 and float(pushed["mmd"]) > 0.02
+    np.testing.assert_allclose(float(pushed["radius_mean"]), 2.369, atol=0.03)
+    imgs, _ = jax.jit(data.shapes_sample, static_argnums=1)(jax.random.PRNGKey(4), 32)
+    held_imgs, _ = jax.jit(data.shapes_sample, static_argnums=1)(jax.random.PRNGKey(5), 32)
+    assert float(measures("shapes", imgs, held_imgs)["valid_frac"]) == 1.0
+    washed = imgs.at[:16].set(imgs[:16].at[:, 0::3].set(0.01))      # half the images red-washed
+    np.testing.assert_allclose(float(measures("shapes", washed, held_imgs)["valid_frac"]), 0.5)
 
 
 def test_velocity_net_counts_and_zero_head():

@@ -5,8 +5,8 @@ toy2d:  a mixture of 8 isotropic Gaussians (std 0.15) on a circle of radius 2; t
         which lets tests check samplers without a trained network.
 shapes: 12×12 RGB images in [-1, 1] on a 3×3 grid of 4×4 cells; 1-3 cells hold a 2×2 square of
         pure red, green or blue at one of 3×3 offsets; background -1. The label is count - 1.
-        `detect_shapes` recovers count / colours / positions exactly on data and by a fixed
-        2×2-window threshold rule on generated samples (the verifiable-reward detector).
+        `detect_shapes` recovers count / colours exactly on data, and on generated samples counts
+        only cells whose content looks like a data square (the verifiable-reward detector).
 """
 from __future__ import annotations
 
@@ -86,25 +86,55 @@ def shapes_sample(key, n: int):
     return (2.0 * img - 1.0).reshape(n, -1), count - 1
 
 
-def _windows(a):
-    """Means over the 2×2 windows of the last two (4×4) axes -> (..., 3, 3)."""
-    return (a[..., :-1, :-1] + a[..., 1:, :-1] + a[..., :-1, 1:] + a[..., 1:, 1:]) / 4.0
+def _windows(a, op=jnp.add):
+    """2×2-window reductions (`op` of the 4 corners; add -> means) over the last two (4×4) axes -> (..., 3, 3)."""
+    corners = (a[..., :-1, :-1], a[..., 1:, :-1], a[..., :-1, 1:], a[..., 1:, 1:])
+    if op is jnp.add:
+        return sum(corners) / 4.0
+    return op(op(corners[0], corners[1]), op(corners[2], corners[3]))
+
+
+def _window_masks():
+    """(9 windows, 4, 4) bool: the pixels of each 2×2 window of a 4×4 cell."""
+    rr = jnp.arange(CELL)[None, :, None]
+    cc = jnp.arange(CELL)[None, None, :]
+    top = (jnp.arange(9) // 3)[:, None, None]
+    left = (jnp.arange(9) % 3)[:, None, None]
+    return (rr >= top) & (rr < top + SQUARE) & (cc >= left) & (cc < left + SQUARE)
 
 
 def detect_shapes(x):
-    """Per-cell detector on flattened images (..., 12·12·3): a cell is occupied when some 2×2 window
-    has a mean brightest-channel value > 0 (a square; isolated noisy pixels do not count); its
-    colour is the channel with the largest mean in that window. Exact on data.
+    """Per-cell detector on flattened images (..., 12·12·3). A cell holds a shape when one of its
+    2×2 windows looks like the data's squares: all 4 pixels bright (> 0) in one channel, the other
+    two channels dark (< 0) on all 4, and every other pixel of the cell dark (< 0) in every channel.
+    So a faint wash (0.01 everywhere), a solid colour, or a blob bigger than a square is not a
+    shape; isolated bright pixels are not either. The colour is that channel. Exact on data.
     Returns (occupied (..., 9) bool, colour (..., 9) int, count (...,) int)."""
     img = x.reshape(x.shape[:-1] + (GRID, CELL, GRID, CELL, COLOURS))
     img = jnp.moveaxis(img, -4, -3).reshape(x.shape[:-1] + (GRID * GRID, CELL, CELL, COLOURS))
     img = jnp.moveaxis(img, -1, -3)                                      # (..., 9, C, 4, 4)
-    lit = _windows(jnp.max(img, axis=-3)).reshape(img.shape[:-3] + (-1,))   # (..., 9, 9 windows)
-    best = jnp.argmax(lit, axis=-1)
-    occupied = jnp.max(lit, axis=-1) > 0.0
-    chan = _windows(img).reshape(img.shape[:-2] + (-1,))                 # (..., 9, C, 9 windows)
-    chan = jnp.take_along_axis(chan, best[..., None, None], axis=-1)[..., 0]
-    return occupied, jnp.argmax(chan, axis=-1), jnp.sum(occupied, axis=-1)
+    flat = lambda a: a.reshape(a.shape[:-2] + (-1,))                     # (..., 3, 3) -> (..., 9)
+    colour = jnp.argmax(flat(_windows(img)), axis=-2)                    # (..., 9 cells, 9 windows)
+    lo = flat(_windows(img, jnp.minimum))                                # (..., 9, C, 9 windows)
+    hi = flat(_windows(img, jnp.maximum))
+    pick = jax.nn.one_hot(colour, COLOURS, axis=-2, dtype=bool)          # (..., 9, C, 9)
+    bright = jnp.max(jnp.where(pick, lo, -jnp.inf), axis=-2) > 0.0
+    others_dark = jnp.max(jnp.where(pick, -jnp.inf, hi), axis=-2) < 0.0
+    lit = jnp.max(img, axis=-3)[..., None, :, :]                         # (..., 9, 1, 4, 4)
+    outside = jnp.max(jnp.where(_window_masks(), -jnp.inf, lit), axis=(-2, -1))   # (..., 9, 9)
+    square = bright & others_dark & (outside < 0.0)
+    occupied = jnp.any(square, axis=-1)
+    first = jnp.argmax(square, axis=-1)
+    cell_colour = jnp.take_along_axis(colour, first[..., None], axis=-1)[..., 0]
+    return occupied, cell_colour, jnp.sum(occupied, axis=-1)
+
+
+def shapes_valid(x):
+    """(...,) bool: the image looks like data — 1 to 3 detected squares and no lit pixel
+    (brightest channel > 0) anywhere else (4 lit pixels per square, none besides)."""
+    _, _, count = detect_shapes(x)
+    lit = jnp.sum(jnp.max(x.reshape(x.shape[:-1] + (-1, COLOURS)), axis=-1) > 0.0, axis=-1)
+    return (count >= 1) & (count <= MAX_SHAPES) & (lit == SQUARE * SQUARE * count)
 
 
 def get(name: str) -> Dataset:

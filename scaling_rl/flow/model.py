@@ -77,6 +77,8 @@ class Pretrainer:
     steps: int
     batch_size: int
     lr: float
+    label_dropout: float = 0.0   # classifier-free guidance: replace labels by `null_label` w.p. this
+    null_label: int = -1
 
     def run(self, params, key):
         opt = optax.adam(optax.cosine_decay_schedule(self.lr, max(self.steps, 1), alpha=0.05))
@@ -86,6 +88,9 @@ class Pretrainer:
             kd, kl = jax.random.split(k)
             x, label = self.sample(kd, self.batch_size)
             cond = label if self.net.num_classes else None
+            if self.label_dropout > 0:
+                drop = jax.random.uniform(jax.random.fold_in(kd, 1), label.shape) < self.label_dropout
+                cond = jnp.where(drop, self.null_label, label)
             loss, grads = jax.value_and_grad(
                 lambda p: flow_matching_loss(self.net.apply, p, x, cond, kl))(params)
             updates, opt_state = opt.update(grads, opt_state, params)

@@ -1,10 +1,15 @@
 """Verifiable rewards as plug-ins by name: `reward(x (B, d), cond (B,) int) -> (B,) float32`, in JAX.
 
 Built in:
-  toy_angle        2-D toy: cos of the sample's angle to the +x axis (smooth; the pretrained ring
-                   scores 0 on average, a policy on the rightmost mode ~1).
+  toy_angle        2-D toy: g·cos(angle to +x) - (1 - g), g = exp(-½((|x| - R)/(1.5·s))²) the
+                   ring gate (R = 2, s = 0.15 the data's radius and mode std): leaving the ring
+                   costs reward, so pushing samples off it cannot game the angle. Data average
+                   ≈ -0.17; the rightmost mode with the data's spread ≈ 0.66; a point at angle 0
+                   and radius 2.369 (where ungated Fast drifted) -0.48.
   shapes_count     shapes: 1 if the detector counts exactly cond + 1 shapes (the label's count).
-  shapes_red       shapes: fraction of detected shapes that are red (0 when none).
+  shapes_red       shapes: fraction of detected shapes that are red (0 when none). Shapes are
+                   what `data.detect_shapes` accepts: data-like squares (a faint red wash or a
+                   solid red image has none, so scores 0; the data average is 1/3).
   shapes_red_left  shapes: fraction of detected shapes that are red *and* in the left column.
   brightness       any images: 1 - 10·|mean brightness in [0, 1] - 0.1| (smooth target).
 `register(name, fn)` adds one; `get(name)` raises a one-line ValueError for an unknown name.
@@ -23,9 +28,15 @@ RED = 0
 Reward = Callable  # (x, cond) -> (B,)
 
 
+RING_WIDTH = 1.5 * data.TOY_STD
+
+
 def toy_angle(x, cond):
     del cond
-    return x[..., 0] / jnp.maximum(jnp.linalg.norm(x, axis=-1), 1e-6)
+    radius = jnp.linalg.norm(x, axis=-1)
+    cos = x[..., 0] / jnp.maximum(radius, 1e-6)
+    on_ring = jnp.exp(-0.5 * ((radius - data.TOY_RADIUS) / RING_WIDTH) ** 2)
+    return on_ring * cos - (1.0 - on_ring)
 
 
 def shapes_count(x, cond):

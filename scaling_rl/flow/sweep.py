@@ -2,7 +2,7 @@
 
     agent: flow_grpo
     base: {pretrain_steps: 1500, updates: 60, chunk_updates: 10}
-    grid: {width: [32, 64, 128], group_size: [4, 8], t_train: [5, 10], fast: [false, true]}
+    grid: {width: [32, 64, 128], group_size: [4, 8], t_train: [5, 10], sampler: [full, fast]}
 
 A trial is one `train.run` of the agent module: config.json, metrics.parquet (one row per seed and
 chunk of `chunk_updates` policy updates; env_steps = generations sampled, grad_steps = optimizer
