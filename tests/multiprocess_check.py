@@ -1,0 +1,61 @@
+"""Run by tests/test_multiprocess.py: one trial's learner spanning JAX *processes* (issue 24, part 1).
+
+    python multiprocess_check.py proc <process_id> <num_processes> <port>   # one of N processes, 1 device each
+    python multiprocess_check.py devices <n>                                 # one process, n forced host devices
+
+Each builds the SAC learner with `data_parallel=True` (a mesh over every device the run sees:
+after `jax.distributed.initialize()` that is the devices of all processes, with gloo CPU collectives
+between processes), runs init + 2 chunks and prints one JSON line: for every float leaf of the final
+state, its float64 sum and sum of absolute values, plus the last chunk's metrics.
+"""
+import os
+import sys
+
+MODE = sys.argv[1]
+if MODE == "devices":
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={int(sys.argv[2])}").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import json  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+if MODE == "proc":
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{int(sys.argv[4])}",
+                               num_processes=int(sys.argv[3]), process_id=int(sys.argv[2]))
+
+from scaling_rl.agents import sac  # noqa: E402
+
+CONFIGS = {
+    "sac": (sac, dict(env="gymnax/Pendulum-v1", num_envs=2, env_steps=64, chunk_env_steps=32,
+                      batch_size=8, width=16, depth=1, learning_starts=8, buffer_size=128,
+                      eval_episodes=2, data_parallel=True)),
+}
+
+
+def local(x) -> np.ndarray:
+    """The value of a (replicated) array as this process sees it."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_shards[0].data
+    return np.asarray(x, dtype=np.float64)
+
+
+def run(name):
+    mod, overrides = CONFIGS[name]
+    agent = mod.make(mod.Config(**overrides))
+    state = agent.init(jax.random.key(0))
+    for _ in range(2):
+        state, metrics = agent.chunk(state)
+    leaves = [x for x in jax.tree.leaves(state)
+              if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
+    return {"sum": [float(local(x).sum()) for x in leaves],
+            "abs": [float(np.abs(local(x)).sum()) for x in leaves],
+            "metrics": {k: float(local(v).mean()) for k, v in sorted(metrics.items())},
+            "devices": jax.device_count(), "processes": jax.process_count()}
+
+
+print(json.dumps({name: run(name) for name in CONFIGS}), flush=True)
