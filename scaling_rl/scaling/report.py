@@ -96,7 +96,7 @@ def _param_table(recs: list[dict], keys: list[str], head: list[str]) -> list[str
         law = r.get("formula", r.get("law", ""))
         sel = r.get("selection") or {}
         if sel.get("chosen", "").endswith("_constant"):
-            law += " (AICc prefers D_J = const)"
+            law += " (σ effect not identified)"
         cells += [law] + [_ci(r["params"][p]) if p in r["params"] else "—" for p in params] + [
             _g(r["r2_log"], 4), _g(r.get("rse_log")), _g(r.get("aicc"), 4), str(r["n_points"]), _n_ok(r)]
         lines.append("| " + " | ".join(cells) + " |")
