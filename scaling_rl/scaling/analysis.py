@@ -49,6 +49,7 @@ class Settings:
     weights: str = "auto"                       # "auto" (WLS when >= 4 seeds) | "none" | "bootstrap"
     interp_error: str = "uniform"               # D_J interpolation uncertainty in the bootstrap: "uniform" | "none"
     select: str = "aicc"                        # D_J(σ, N): "aicc" (nested laws, AICc) | "full"
+    config_select: str = "crossfit"             # best B/η per cell: "crossfit" (unbiased D_J) | "argmin"
 
     def validate(self) -> None:
         if self.loss not in fitting.LOSSES:
@@ -71,6 +72,8 @@ class Settings:
             raise ValueError(f"weights: {self.weights!r} is unknown; use auto, none or bootstrap")
         if self.interp_error not in ("uniform", "none"):
             raise ValueError(f"interp_error: {self.interp_error!r} is unknown; use 'uniform' or 'none'")
+        if self.config_select not in ("crossfit", "argmin"):
+            raise ValueError(f"config_select: {self.config_select!r} is unknown; use 'crossfit' or 'argmin'")
         if self.select not in ("aicc", "full"):
             raise ValueError(f"select: {self.select!r} is unknown; use 'aicc' or 'full'")
 
@@ -254,7 +257,8 @@ def _analyze(cs: CurveSet, st: Settings, say, capture: dict) -> dict:
     say("data efficiency (bootstrap over seeds)")
     de = data_efficiency(cs, st.thresholds, n_thresholds=st.n_thresholds, spacing=st.spacing,
                          normalize=st.normalize, n_bootstrap=st.n_bootstrap, seed=st.seed,
-                         interpolation=st.interpolation, interp_error=st.interp_error)
+                         interpolation=st.interpolation, interp_error=st.interp_error,
+                         select=st.config_select)
     table = de.group_table(st.level)
     notes = list(de.notes)
     reps = _replicates(de, st, notes)
