@@ -82,3 +82,37 @@ def test_crossfitting_removes_the_best_configuration_bias():
 def test_crossfitting_needs_4_seeds_and_says_when_it_falls_back():
     errs, notes = _tied_cell_errors("crossfit", seeds=3, studies=2)
     assert any("fewer than 4 seeds" in n for n in notes), notes
+
+
+# ---- item 2: every replicate carries its own batch law --------------------------------------------
+
+@pytest.fixture(scope="module")
+def batch_study():
+    from scaling_rl.scaling import report, synthetic
+    cs = synthetic.make_study(synthetic.Truth(), utds=[0.5, 1, 2, 4, 8], param_counts=(1e6,), batch_sizes=[128, 512],
+                              seeds=4, n_log=60, log_spaced=True, rng=3)
+    cap: dict = {}
+    fit = report.jsonable(analysis.analyze(cs, analysis.Settings(n_bootstrap=30, n_thresholds=2, max_starts=4,
+                                                                 holdout=False), capture=cap))
+    return fit, cap
+
+
+def test_allocation_replicates_use_their_own_batch_law(batch_study):
+    from scaling_rl.scaling import allocation as alloc
+    fit, cap = batch_study
+    assert fit["allocation"]["batch_models"]["task"]["kind"] == "power"
+    law = next(iter(cap["laws"].values()))
+    opt = cap["optima"][next(iter(cap["laws"]))]
+    bm_reps = law["batch_reps"]
+    assert bm_reps is not None and len(bm_reps) == 30
+    s = [b.params["s"] for b in bm_reps if b is not None]
+    assert np.std(s) > 0.01                                     # the B*(σ) exponent varies across replicates
+    differ = 0
+    for b, (q, o) in enumerate(zip(law["reps"], opt["reps"])):
+        if q is None or o is None:
+            continue
+        mine = alloc.optimum_numerical(q, bm_reps[b], law["delta"], **law["box"], **law["fixed"])
+        assert mine["sigma"] == pytest.approx(o["sigma"], rel=1e-6)
+        pt = alloc.optimum_numerical(q, law["batch"], law["delta"], **law["box"], **law["fixed"])
+        differ += abs(np.log(pt["F"] / o["F"])) > 1e-6
+    assert differ > 5

@@ -738,7 +738,12 @@ def _extrapolation(de: DataEfficiency, st: Settings, tasks: list[str], selection
     return out
 
 
-def _batch_model(de: DataEfficiency, table, st: Settings, hp: dict, task: str, notes: list) -> alloc.BatchModel:
+def _batch_model(de: DataEfficiency, table, st: Settings, hp: dict, task: str, notes: list,
+                 replicates: bool = False):
+    """The batch model of task t's allocation; with `replicates`, also its per-replicate models (aligned with
+    replicate b; None where the B* law's refit failed), so replicate b of σ*, N*, F* and the budget laws uses
+    replicate b's own batch law (a fixed B*(σ) exponent hid ±20% of σ* at δ = 1e9). A constant batch model
+    has no replicates (the same value in every replicate)."""
     kind = st.batch_model
     bfit = hp.get("batch_size_sigma")
     if kind == "auto":
@@ -747,12 +752,22 @@ def _batch_model(de: DataEfficiency, table, st: Settings, hp: dict, task: str, n
         f = hp.get(f"batch_size_sigma_n/{task}")
         if f is None:
             raise ValueError("batch_model: sigma_n needs a B*(σ, N) fit (>= 2 batch sizes and model sizes)")
-        return alloc.BatchModel("sigma_n", f.params())
+        bm = alloc.BatchModel("sigma_n", f.params())
+        return (bm, [None if q is None else alloc.BatchModel("sigma_n", q) for q in f.replicate_params()],
+                f.scope) if replicates else bm
     if kind == "power":
         if bfit is None:
             raise ValueError("batch_model: power needs >= 2 batch sizes in the sweep")
-        p = bfit.params(task if len(bfit.problem.group_names) > 1 else None)
-        return alloc.BatchModel.power(p["A"], p["s"])
+        key = task if len(bfit.problem.group_names) > 1 else None
+        p = bfit.params(key)
+        bm = alloc.BatchModel.power(p["A"], p["s"])
+        return (bm, [None if q is None else alloc.BatchModel.power(q["A"], q["s"]) for q in bfit.replicate_params(key)],
+                bfit.scope) if replicates else bm
+    bm = _constant_batch(table, task, notes)
+    return (bm, None, None) if replicates else bm
+
+
+def _constant_batch(table, task: str, notes: list) -> alloc.BatchModel:
     sub = table[table["task"] == task]
     b = sub["best_batch_size"].to_numpy(float)
     b = b[np.isfinite(b) & (b > 0)]
@@ -783,7 +798,7 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
     sel = out.get("model_selection", {})
     for t in tasks:
         try:
-            bm = _batch_model(de, table, st, hp, t, notes)
+            bm, bm_reps, bm_scope = _batch_model(de, table, st, hp, t, notes, replicates=True)
         except ValueError as e:
             res["skipped"] = str(e)
             return res
@@ -810,12 +825,14 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
             row["extrapolated"] = {"sigma": not (min(s_lv) * (1 - 1e-9) <= opt["sigma"] <= max(s_lv) * (1 + 1e-9)),
                                    "N": not (min(n_lv) * (1 - 1e-9) <= opt["N"] <= max(n_lv) * (1 + 1e-9))}
             samples = []
-            for q in fitted.replicate_params(key):
-                if q is None:
+            b_ok = reps.ok(bm_scope) if bm_scope else np.ones(reps.K, bool)
+            for b, q in enumerate(fitted.replicate_params(key)):
+                bm_b = bm if bm_reps is None else (bm_reps[b] if b_ok[b] else None)
+                if q is None or bm_b is None:
                     samples.append(None)
                     continue
                 try:
-                    o = alloc.optimum_numerical(_full_params(q, kind), bm, delta, **box, **fixed)
+                    o = alloc.optimum_numerical(_full_params(q, kind), bm_b, delta, **box, **fixed)
                     samples.append(o if np.isfinite(o["F"]) else None)
                 except (ValueError, FloatingPointError):
                     samples.append(None)
@@ -826,7 +843,7 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
             row["scope"] = fitted.scope
             row["_samples"] = samples
             capture["laws"][(t, j)] = {"kind": kind, "point": p, "fixed": fixed, "scope": fitted.scope,
-                                       "batch": bm, "delta": delta, "box": box,
+                                       "batch": bm, "batch_reps": bm_reps, "delta": delta, "box": box,
                                        "reps": [None if q is None else _full_params(q, kind)
                                                 for q in fitted.replicate_params(key)]}
             capture["optima"][(t, j)] = {"point": opt, "reps": samples, "scope": fitted.scope, "row": row}
