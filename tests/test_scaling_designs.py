@@ -116,3 +116,24 @@ def test_allocation_replicates_use_their_own_batch_law(batch_study):
         pt = alloc.optimum_numerical(q, law["batch"], law["delta"], **law["box"], **law["fixed"])
         differ += abs(np.log(pt["F"] / o["F"])) > 1e-6
     assert differ > 5
+
+
+# ---- item 4: weights count the seeds of each cell ---------------------------------------------------
+
+def test_weights_count_each_cells_seeds():
+    import dataclasses
+    from scaling_rl.scaling import synthetic
+    from scaling_rl.scaling.curves import data_efficiency
+    from scaling_rl.scaling.data import CurveSet
+    cs = synthetic.make_study(synthetic.Truth(), utds=[0.5, 1, 2, 4, 8], param_counts=(1e5, 1e6), seeds=16,
+                              noise=0.1, n_log=60, log_spaced=True, rng=4)
+    curves = [c if i % 2 == 0 else dataclasses.replace(c, returns=c.returns[:, :4]) for i, c in enumerate(cs.curves)]
+    de = data_efficiency(CurveSet(curves, cs.metric), thresholds=[0.5], normalize="none", n_bootstrap=100)
+    st = analysis.Settings()
+    reps = analysis._replicates(de, st, [])
+    idx = np.arange(len(de.groups))
+    w = analysis._weights(de, st, reps, idx, 0)
+    many = analysis._cell_seeds(de, idx, 0) == 16
+    assert many.sum() == 5 and (~many).sum() == 5
+    # a mean of 16 seeds has ~1/4 the variance of a mean of 4: its weight is ~4x (was ~1x: log D only)
+    assert 2.5 < np.exp(np.mean(np.log(w[many])) - np.mean(np.log(w[~many]))) < 6

@@ -439,14 +439,26 @@ def _weights(de: DataEfficiency, st: Settings, reps: Replicates, idx: np.ndarray
         L = np.log(np.where(np.isfinite(de.g_boot[:, idx, j]), de.g_boot[:, idx, j], np.nan))
     v = np.nanvar(L, axis=0, ddof=1)
     ld = np.log(de.g_point[idx, j])
+    ns = _cell_seeds(de, idx, j)
     ok = np.isfinite(v) & (v > 0) & np.isfinite(ld)
     if ok.sum() < 3:
         return np.ones(len(idx))
+    # the variance of a mean of n seeds is (per-seed variance)/n: the function is fitted to n·v and divided
+    # by each cell's own n, so a 16-seed cell weighs ~4× a 4-seed one (the adaptive design's extra seeds count)
     A = np.vstack([np.ones(ok.sum()), ld[ok]]).T
-    coef = np.linalg.lstsq(A, np.log(v[ok]), rcond=None)[0]
-    vhat = np.maximum(np.exp(coef[0] + coef[1] * ld), fitting.NOISE_FLOOR ** 2)
+    coef = np.linalg.lstsq(A, np.log(v[ok] * ns[ok]), rcond=None)[0]
+    vhat = np.maximum(np.exp(coef[0] + coef[1] * ld) / ns, fitting.NOISE_FLOOR ** 2)
     w = 1.0 / vhat
     return w / w.mean()
+
+
+def _cell_seeds(de: DataEfficiency, idx: np.ndarray, j: int) -> np.ndarray:
+    """Seeds behind each cell's D_J at threshold j: the best configuration's (the fewest of the cell's where
+    none is known)."""
+    n_cfg = de.configs["n_seeds"].to_numpy(float)
+    n_min = de.configs.groupby("group")["n_seeds"].min().to_numpy(float)
+    best = de.g_best[idx, j]
+    return np.where(best >= 0, n_cfg[np.maximum(best, 0)], n_min[idx])
 
 
 def _points_of(de: DataEfficiency, mask: np.ndarray, j: int):
