@@ -137,3 +137,37 @@ def test_weights_count_each_cells_seeds():
     assert many.sum() == 5 and (~many).sum() == 5
     # a mean of 16 seeds has ~1/4 the variance of a mean of 4: its weight is ~4x (was ~1x: log D only)
     assert 2.5 < np.exp(np.mean(np.log(w[many])) - np.mean(np.log(w[~many]))) < 6
+
+
+# ---- item 3: degrees of freedom ---------------------------------------------------------------------
+
+def test_law_parameters_use_welch_satterthwaite_dof():
+    rng = np.random.default_rng(5)
+    s, n = np.meshgrid(np.geomspace(0.25, 16, 5), np.geomspace(3e4, 1e7, 5))
+    x = {"utd": s.ravel(), "param_count": n.ravel()}
+    p = {"D_min": 1e5, "a": 2.0, "alpha": 1.0, "b": 3e5, "beta": 0.8}
+    y = p["D_min"] * (1 + (p["a"] / x["utd"]) ** p["alpha"] + (p["b"] / x["param_count"]) ** p["beta"])
+    Y = y * np.exp(0.05 * rng.standard_normal((60, 25)))
+    st = analysis.Settings(n_bootstrap=60, max_starts=4)
+    reps = analysis.Replicates(60, 0, 5, st.level, None, 25 * 4)
+    f = analysis.fit_with_bootstrap(laws.DATA_EFFICIENCY_SIGMA_N, x, y, Y, st, reps, "D", seeds=np.full(25, 5.0))
+    dof = dict(zip(f.problem.labels, f.dof))
+    # points × (n − 1) = 100; a parameter carried by a few points has far fewer
+    assert all(1 <= v < 100 for v in dof.values()) and dof["D_min"] < 40, dof
+    iv = f.intervals()
+    assert iv["D_min"]["dof"] == pytest.approx(dof["D_min"])
+    assert f.inflation_params[0] > reps.inflation_for(100) * 1.02
+    # unequal seeds: one 2-seed point weighs in with 1 dof
+    f2 = analysis.fit_with_bootstrap(laws.DATA_EFFICIENCY_SIGMA_N, x, y, Y, st, reps, "D2",
+                                     seeds=np.r_[np.full(24, 5.0), 2.0])
+    assert min(f2.dof) <= min(f.dof)
+
+
+def test_batch_size_point_intervals_use_n_minus_1(batch_study):
+    fit, cap = batch_study
+    de = cap["de"]
+    point, samples = de.hparam_samples("batch_size")
+    pts = [p for p in fit["hparams"]["points"] if p["field"] == "batch_size"]
+    g = next(i for i, p in enumerate(pts) if p["lo"] is not None)
+    want = fitting.interval(point[g], samples[:, g], level=0.9, inflation=fitting.seed_inflation(4, 3, 0.9))
+    assert pts[g]["lo"] == pytest.approx(want["lo"]) and pts[g]["hi"] == pytest.approx(want["hi"])

@@ -100,6 +100,7 @@ class Replicates:
         self.failures: dict[str, int] = {}
         self.dof = dof
         self.inflation = fitting.seed_inflation(n_seeds, dof, level)   # for derived quantities
+        self.scope_inflation: dict[str, float] = {}   # per scope: its laws' largest (Welch–Satterthwaite) inflation
 
     def inflation_for(self, dof: float) -> float:
         return fitting.seed_inflation(self.n_seeds, dof, self.level)
@@ -113,9 +114,12 @@ class Replicates:
         self.scopes[scope] = self.ok(scope) & ok_own
 
     def interval(self, est: float, reps: np.ndarray, jack: np.ndarray | None = None, log: bool = True,
-                 reason: str | None = None, scope: str = "") -> dict:
+                 reason: str | None = None, scope: str = "", inflation: float | None = None) -> dict:
+        """Interval of a quantity derived from the laws of `scope`: deviations scaled by `inflation`, else the
+        scope's laws' largest inflation, else the study-level one."""
         reps = np.where(self.ok(scope), np.asarray(reps, float), np.nan) if self.K else np.zeros(0)
-        return fitting.interval(est, reps, jack, level=self.level, inflation=self.inflation, log=log,
+        infl = inflation if inflation is not None else self.scope_inflation.get(scope, self.inflation)
+        return fitting.interval(est, reps, jack, level=self.level, inflation=infl, log=log,
                                 n_total=self.K, reason=reason or self.reason)
 
     def summary(self) -> dict:
@@ -139,6 +143,8 @@ class Fitted:
     weights: np.ndarray
     inflation: float = float("nan")
     scope: str = ""
+    inflation_params: np.ndarray | None = None   # (P,) per parameter, from its Welch–Satterthwaite ν
+    dof: np.ndarray | None = None
 
     def columns(self, group: str | None) -> list[int]:
         p = self.problem
@@ -162,8 +168,10 @@ class Fitted:
     def intervals(self) -> dict:
         reps = self.reps
         U = np.where(reps.ok(self.scope)[:, None], self.U, np.nan) if len(self.U) else self.U
-        return fitting.bootstrap_intervals(self.problem, self.fit.u, U, reps.level, self.inflation,
-                                           self.Uj if len(self.Uj) else None, self.not_identified, reps.reason)
+        infl = self.inflation if self.inflation_params is None else self.inflation_params
+        return fitting.bootstrap_intervals(self.problem, self.fit.u, U, reps.level, infl,
+                                           self.Uj if len(self.Uj) else None, self.not_identified, reps.reason,
+                                           dof=self.dof)
 
     def record(self, group: str | None = None, **extra) -> dict:
         iv = self.intervals()
@@ -195,7 +203,8 @@ class Fitted:
 
 def fit_with_bootstrap(law: laws.Law, x: dict, y: np.ndarray, Y: np.ndarray | None, settings: Settings,
                        reps: Replicates, name: str, groups=None, shared=(), Yj: np.ndarray | None = None,
-                       weights: np.ndarray | None = None, scope: str | None = None) -> Fitted:
+                       weights: np.ndarray | None = None, scope: str | None = None,
+                       seeds: np.ndarray | None = None) -> Fitted:
     """Point fit on y (natural units, > 0) and the same estimator on every replicate row of Y (K, n)
     (NaN/inf = missing) and jackknife row of Yj. ValueError if the point fit is impossible."""
     ly = np.log(y)
@@ -219,8 +228,16 @@ def fit_with_bootstrap(law: laws.Law, x: dict, y: np.ndarray, Y: np.ndarray | No
             Uj = np.where(bj.ok[:, None], bj.U, np.nan)
     ni = fitting.identifiability(prob, f.u, ly, w, loss=settings.loss, huber_delta=settings.huber_delta,
                                  level=settings.level)
-    infl = reps.inflation_for(len(ly) * max(reps.n_seeds - 1, 0))
-    return Fitted(prob, f, U, Uj, reps, ni, w, infl, scope or name)
+    if seeds is None:
+        seeds = np.full(len(ly), float(reps.n_seeds))
+    dof = fitting.effective_dof(prob, f.u, ly, w, seeds)
+    infl_p = np.array([reps.inflation_for(d) for d in dof])
+    ident = np.array([not r for r in ni], bool)
+    # bands and derived quantities (optima, budget laws): the largest inflation of the identified parameters
+    infl = float(np.max(infl_p[ident])) if ident.any() and np.all(np.isfinite(infl_p[ident])) else \
+        reps.inflation_for(len(ly) * max(reps.n_seeds - 1, 0))
+    reps.scope_inflation[scope or name] = max(reps.scope_inflation.get(scope or name, 0.0), infl)
+    return Fitted(prob, f, U, Uj, reps, ni, w, infl, scope or name, infl_p, dof)
 
 
 def _band(fitted: Fitted, x: dict, group: str | None) -> dict:
@@ -371,11 +388,13 @@ def _hparams(de: DataEfficiency, st: Settings, reps: Replicates, finalize: list)
             res[law_name] = {"skipped": f"only {len(vals)} value(s) of {field} in the sweep"}
             continue
         point, samples = de.hparam_samples(field)
+        n_min = de.configs.groupby("group")["n_seeds"].min().to_numpy(float)   # one point: n − 1 seed dof
         for gi in range(len(g)):
             rec = {"field": field, "task": g["task"][gi], "utd": float(g["utd"][gi]),
                    "param_count": _f(g["param_count"][gi])}
             res["points"].append(_later(finalize, rec, lambda gi=gi, point=point, samples=samples: reps.interval(
                 float(point[gi]), samples[:, gi], None, scope="hparams",
+                inflation=fitting.seed_inflation(int(n_min[gi]), n_min[gi] - 1, reps.level),
                 reason=None if reps.n_seeds >= fitting.MIN_SEEDS else f"fewer than {fitting.MIN_SEEDS} seeds: no "
                                                                        "interval for a single point")))
         ok = np.isfinite(point)
@@ -513,7 +532,7 @@ def _fit_de_sigma(de: DataEfficiency, st: Settings, reps: Replicates, tasks: lis
                     scope = f"D_J(σ)/{'+'.join(ts)}/N={n:g}"
                     fitted = fit_with_bootstrap(laws.DATA_EFFICIENCY_SIGMA, {"utd": x["utd"]}, y, Y, st, reps,
                                                 f"{scope}/J{j}", groups=grp, shared=("alpha",), Yj=Yj, weights=w,
-                                                scope=scope)
+                                                scope=scope, seeds=_cell_seeds(de, idx, j))
                 except ValueError as e:
                     for t in ts:
                         recs.append({**meta, "task": t, "threshold": float(de.thresholds[t][j]), "skipped": str(e)})
@@ -692,7 +711,7 @@ def _fit_de_sigma_n(de: DataEfficiency, st: Settings, reps: Replicates, tasks: l
                 fitted = fit_with_bootstrap(law, x, y, Y, st, reps, f"{scope}/J{j}",
                                             groups=tk if len(ts) > 1 else None,
                                             shared=tuple(p for p in ("alpha", "beta") if p in law.params), Yj=Yj,
-                                            weights=w, scope=scope)
+                                            weights=w, scope=scope, seeds=_cell_seeds(de, idx, j))
             except ValueError as e:
                 for t in ts:
                     recs.append({"task": t, "j_index": j, "threshold": float(de.thresholds[t][j]), "skipped": str(e)})

@@ -476,6 +476,28 @@ def seed_inflation(n_seeds: int, dof: float, level: float = 0.9) -> float:
     return small_sample_inflation(n_seeds) * float(stats.t.ppf(q, dof) / special.ndtri(q))
 
 
+def effective_dof(problem: Problem, u: np.ndarray, log_y: np.ndarray, w: np.ndarray,
+                  n_seeds: np.ndarray) -> np.ndarray:
+    """Welch–Satterthwaite degrees of freedom of each parameter (P,). Linearised, parameter p is
+    Σ_i c_pi·log ȳ_i with c = (JᵀWJ)⁻¹JᵀW; point i's variance (∝ 1/w_i) is estimated from n_i − 1 seed
+    degrees of freedom, so ν_p = (Σ_i c_pi²/w_i)² / Σ_i (c_pi²/w_i)²/(n_i − 1) — far fewer than
+    Σ(n_i − 1) when a few points carry the parameter (measured 7–14 instead of 27–60 for D_min)."""
+    w = np.asarray(w, float)
+    n_seeds = np.asarray(n_seeds, float)
+    _, J = problem.residual_jacobian(np.asarray(u, float)[None], np.asarray(log_y, float)[None])
+    J = J[0]
+    use = (w > 0) & (n_seeds >= 2)
+    if use.sum() == 0:
+        return np.full(problem.n_params, float("nan"))
+    H = J.T @ (w[:, None] * J)
+    C = np.linalg.pinv(H) @ (J * w[:, None]).T                       # (P, n)
+    a = np.where(use[None], C ** 2 / np.where(w > 0, w, 1.0)[None], 0.0)
+    den = np.sum(a ** 2 / np.maximum(n_seeds - 1, 1.0)[None], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        nu = np.sum(a, axis=1) ** 2 / den
+    return np.where(np.isfinite(nu) & (den > 0), np.maximum(nu, 1.0), float(np.sum(n_seeds[use] - 1)))
+
+
 def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, *, level: float = 0.9,
              inflation: float = 1.0, log: bool = True, n_total: int | None = None,
              reason: str | None = None) -> dict:
@@ -550,8 +572,8 @@ def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, 
 def bootstrap_intervals(problem: Problem, u_hat: np.ndarray, U: np.ndarray, level: float = 0.9,
                         inflation: float = 1.0, jack: np.ndarray | None = None,
                         not_identified: Sequence[str | None] | None = None,
-                        reason: str | None = None) -> dict[str, dict]:
-    """`interval` of every parameter (natural units) from replicate refits U (K, P; NaN rows failed)
+                        reason: str | None = None, dof: np.ndarray | None = None) -> dict[str, dict]:
+    """`interval` of every parameter (`inflation` a scalar or one per parameter, then with its `dof`) (natural units) from replicate refits U (K, P; NaN rows failed)
     and jackknife refits `jack` (S, P). A parameter that is not identified gets no estimate at all."""
     nat_hat = problem.natural(u_hat)
     nat = problem.natural(U) if len(U) else np.zeros((0, problem.n_params))
@@ -559,8 +581,11 @@ def bootstrap_intervals(problem: Problem, u_hat: np.ndarray, U: np.ndarray, leve
     out = {}
     for j, label in enumerate(problem.labels):
         ni = not_identified[j] if not_identified is not None else None
+        infl = float(inflation[j]) if np.ndim(inflation) else inflation
         rec = interval(float(nat_hat[j]), nat[:, j], None if natj is None else natj[:, j], level=level,
-                       inflation=inflation, log=bool(problem.is_log[j]), n_total=len(U), reason=reason)
+                       inflation=infl, log=bool(problem.is_log[j]), n_total=len(U), reason=reason)
+        if np.ndim(inflation):
+            rec["dof"] = float(dof[j]) if dof is not None else None
         if ni:
             rec.update(estimate=None, lo=None, hi=None, not_identified=ni, value_at_fit=float(nat_hat[j]))
         out[label] = rec
