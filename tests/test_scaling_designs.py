@@ -171,3 +171,49 @@ def test_batch_size_point_intervals_use_n_minus_1(batch_study):
     g = next(i for i, p in enumerate(pts) if p["lo"] is not None)
     want = fitting.interval(point[g], samples[:, g], level=0.9, inflation=fitting.seed_inflation(4, 3, 0.9))
     assert pts[g]["lo"] == pytest.approx(want["lo"]) and pts[g]["hi"] == pytest.approx(want["hi"])
+
+
+# ---- item 6: edge replicates widen or withhold, never silently drop --------------------------------
+
+def test_unknown_replicates_widen_the_interval_or_withhold_it():
+    v = np.exp(0.1 * np.random.default_rng(6).standard_normal(200))
+    base = fitting.interval(1.0, v)
+    some = v.copy()
+    some[:6] = np.nan                                           # 3%: widened, not failures
+    wide = fitting.interval(1.0, some, unknown=6)
+    dropped = fitting.interval(1.0, some)
+    assert wide["n_unknown"] == 6 and wide["widened_for_unknown"]
+    assert wide["lo"] < base["lo"] and wide["hi"] > base["hi"]
+    assert wide["hi"] / wide["lo"] > dropped["hi"] / dropped["lo"]
+    many = v.copy()
+    many[:15] = np.nan                                          # 7.5% > the 5% tail: withheld, with a reason
+    assert fitting.interval(1.0, many, unknown=15)["lo"] is None
+
+
+def test_budget_law_keeps_edge_replicates_in_its_interval():
+    K = 200
+    rng = np.random.default_rng(7)
+    st = analysis.Settings(n_bootstrap=K)
+    reps = analysis.Replicates(K, 0, 5, st.level, None, 40)
+    F = np.array([1e12, 1e13, 1e14, 1e15])
+    box = {"sigma": [0.5, 8.0], "N": [1e5, 1e7]}
+    rows = []
+    for f in F:
+        rows.append({"F": f, "D": 1e-4 * f ** 0.6, "C": 0.5 * f, "sigma": 2.0, "N": 1e6, "edge": {}, "box": box,
+                     "free": {"sigma": True, "N": False}, "scope": "s", "_samples": []})
+    from scipy import special
+    es = np.exp(0.1 * special.ndtri((rng.permutation(K) + 0.5) / K))   # centred on the estimate
+    for b in range(K):
+        e = es[b]
+        for i, r in enumerate(rows):
+            sig = 0.5 if (b < 8 and i == 3) else 2.0 * e ** i    # 8 replicates (4%) with σ* on the box edge
+            r["_samples"].append({"F": r["F"], "D": r["D"] * e ** i, "C": r["C"], "sigma": sig, "N": 1e6})
+    fin: list = []
+    out = analysis._budget_laws("t", rows, reps, st, fin)
+    for fn in fin:
+        fn()
+    law = next(o for o in out if o["target"] == "D")
+    assert law["n_replicates_on_edge"] == 8
+    s = law["params"]["s"]
+    assert s["n_unknown"] == 8 and s.get("widened_for_unknown"), s.get("reason")
+    assert s["lo"] <= s["estimate"] <= s["hi"]

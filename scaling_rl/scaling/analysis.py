@@ -114,13 +114,16 @@ class Replicates:
         self.scopes[scope] = self.ok(scope) & ok_own
 
     def interval(self, est: float, reps: np.ndarray, jack: np.ndarray | None = None, log: bool = True,
-                 reason: str | None = None, scope: str = "", inflation: float | None = None) -> dict:
+                 reason: str | None = None, scope: str = "", inflation: float | None = None,
+                 unknown: np.ndarray | None = None) -> dict:
         """Interval of a quantity derived from the laws of `scope`: deviations scaled by `inflation`, else the
-        scope's laws' largest inflation, else the study-level one."""
+        scope's laws' largest inflation, else the study-level one. `unknown` (K,) marks replicates whose value
+        the data do not give (see `fitting.interval`: they widen the interval or withhold it)."""
         reps = np.where(self.ok(scope), np.asarray(reps, float), np.nan) if self.K else np.zeros(0)
         infl = inflation if inflation is not None else self.scope_inflation.get(scope, self.inflation)
+        u = int(np.sum(np.asarray(unknown, bool) & self.ok(scope))) if unknown is not None and self.K else 0
         return fitting.interval(est, reps, jack, level=self.level, inflation=infl, log=log,
-                                n_total=self.K, reason=reason or self.reason)
+                                n_total=self.K, reason=reason or self.reason, unknown=u)
 
     def summary(self) -> dict:
         return {"mode": self.mode, "n": self.K, "jackknife_rows": self.S,
@@ -986,14 +989,14 @@ def _budget_laws(t: str, rows: list[dict], reps: Replicates, st: Settings, final
         y = np.array([r[target] for r in interior])
         c, s_ = _loglinear(F, y)
         reps_c, reps_s = np.full(reps.K, np.nan), np.full(reps.K, np.nan)
-        n_edge = 0
+        on_edge = np.zeros(reps.K, bool)
         for b in range(reps.K):
             pts = [r["_samples"][b] for r in interior]
             if any(p is None for p in pts):
                 continue
             edge = any(_edges(p, r) for p, r in zip(pts, interior))
-            if edge:  # this replicate's optimum is not an optimum: the budget law is undefined there
-                n_edge += 1
+            if edge:  # this replicate's optimum is not an optimum: its budget law is unknown (widens, not dropped)
+                on_edge[b] = True
                 continue
             reps_c[b], reps_s[b] = _loglinear(np.array([p["F"] for p in pts]), np.array([p[target] for p in pts]))
         pred = c + s_ * np.log(F)
@@ -1002,7 +1005,9 @@ def _budget_laws(t: str, rows: list[dict], reps: Replicates, st: Settings, final
                else float("nan"), "F_range": [float(F.min()), float(F.max())],
                "points": [{"F": float(f), "value": float(v)} for f, v in zip(F, y)]}
         # Not an estimator failure, so not dropped everywhere: a replicate whose optimum sits on the box
-        # edge has no budget law; too many of them and this law gets no interval.
+        # edge has no budget law inside the box; its value is unknown, placed beyond both ends of the interval
+        # (widening it), and too many of them withhold it. Dropping them (as once) cut the tails.
+        n_edge = int(on_edge.sum())
         why = (f"in {n_edge} of {reps.K} replicates an optimum sits on the search box's edge (more than "
                f"{fitting.MAX_FAIL:.0%}): the budget law is not determined inside the sweep"
                if n_edge > fitting.MAX_FAIL * reps.K else None)
@@ -1013,11 +1018,12 @@ def _budget_laws(t: str, rows: list[dict], reps: Replicates, st: Settings, final
         # A (the value at F = 1 FLOP) is an extrapolation far outside the data; the value at the fitted
         # optima's geometric-mean budget F_ref is what the data determine, so the report shows that.
         lref = float(np.mean(np.log(F)))
-        out.append(_later(finalize, rec, lambda c=c, s_=s_, rc=reps_c, rs=reps_s, why=why, sc=sc, lref=lref: {
-            "params": {"A": reps.interval(math.exp(c), np.exp(rc), reason=why, scope=sc),
-                       "s": reps.interval(s_, rs, log=False, reason=why, scope=sc)},
+        out.append(_later(finalize, rec, lambda c=c, s_=s_, rc=reps_c, rs=reps_s, why=why, sc=sc, lref=lref,
+                          ue=on_edge: {
+            "params": {"A": reps.interval(math.exp(c), np.exp(rc), reason=why, scope=sc, unknown=ue),
+                       "s": reps.interval(s_, rs, log=False, reason=why, scope=sc, unknown=ue)},
             "at_F_ref": {"F_ref": math.exp(lref), **reps.interval(math.exp(c + s_ * lref), np.exp(rc + rs * lref),
-                                                                   reason=why, scope=sc)},
+                                                                   reason=why, scope=sc, unknown=ue)},
             "bootstrap_scope": sc}))
     return out
 

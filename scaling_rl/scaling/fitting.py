@@ -500,7 +500,7 @@ def effective_dof(problem: Problem, u: np.ndarray, log_y: np.ndarray, w: np.ndar
 
 def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, *, level: float = 0.9,
              inflation: float = 1.0, log: bool = True, n_total: int | None = None,
-             reason: str | None = None) -> dict:
+             reason: str | None = None, unknown: int = 0) -> dict:
     """Bootstrap interval of one quantity, in log space for positive quantities.
 
     Deviations of the replicates from the estimate are scaled by `inflation`. Bias check: p_below =
@@ -508,19 +508,26 @@ def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, 
     binomial sd) the interval is the percentile one; otherwise BCa, with the bias correction z0 =
     Φ⁻¹(p_below) and the acceleration from the jackknife values `jack` (0 without them). NaN
     replicates are failures: with more than MAX_FAIL of `n_total` failed, or an interval that would
-    not contain the estimate, there is no interval and `reason` says why. Always returns n_ok / n."""
+    not contain the estimate, there is no interval and `reason` says why. Always returns n_ok / n.
+
+    `unknown` replicates (NaN among `reps`, not failures) have a value the data do not give (e.g. an optimum on
+    the search box's edge): each is placed beyond both ends, which widens the interval (the lower end is
+    the (α·(m+u) − u)/m quantile of the m others, the upper the (1−α)(m+u)/m one); when that runs out of
+    replicates (u > (1 − level)/2 of them) there is no interval."""
     reps = np.asarray(reps, float)
     n = int(n_total if n_total is not None else reps.size)
     good = np.isfinite(reps) & ((reps > 0) if log else True)
     rec = {"estimate": float(estimate), "lo": None, "hi": None, "n_ok": int(good.sum()), "n": n}
+    if unknown:
+        rec["n_unknown"] = int(unknown)
     est = float(estimate)
     if reason is None:
         if n == 0:
             reason = "no bootstrap replicates"
         elif not np.isfinite(est) or (log and not est > 0):
             reason = "no finite estimate"
-        elif n - good.sum() > MAX_FAIL * n:
-            reason = f"{n - int(good.sum())} of {n} replicates failed (more than {MAX_FAIL:.0%})"
+        elif n - good.sum() - unknown > MAX_FAIL * n:
+            reason = f"{n - int(good.sum()) - unknown} of {n} replicates failed (more than {MAX_FAIL:.0%})"
         elif good.sum() < 10:
             reason = f"only {int(good.sum())} replicates"
         elif not np.isfinite(inflation):
@@ -559,6 +566,13 @@ def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, 
     else:
         rec["reason"] = f"every replicate lies on one side of the estimate (P(replicate < estimate) = {p0:.2f})"
         return rec
+    if unknown:
+        qs = np.array([(qs[0] * (m + unknown) - unknown) / m, qs[1] * (m + unknown) / m])
+        if qs[0] < 0 or qs[1] > 1:
+            rec["reason"] = (f"{unknown} of {n} replicates have no value here (placed beyond both ends, more than "
+                             f"the interval's tails hold)")
+            return rec
+        rec["widened_for_unknown"] = True
     lo, hi = t0 + np.quantile(dev, qs)
     if not (lo <= t0 <= hi):
         rec["reason"] = (f"bootstrap not centred on the estimate (P(replicate < estimate) = {p0:.2f}); "
