@@ -632,9 +632,10 @@ def _select_de_law(de: DataEfficiency, st: Settings, reps: Replicates, t: str) -
     across thresholds are consistent)."""
     g = de.groups
     per_j, totals = [], {law.name: 0.0 for law, _ in laws.DATA_EFFICIENCY_FAMILY}
+    rep_totals = {law.name: np.zeros(reps.K) for law, _ in laws.DATA_EFFICIENCY_FAMILY}
     used = 0
     for j in range(de.n_thresholds):
-        idx, x, y, _, _ = _points_of(de, (g["task"] == t).to_numpy(), j)
+        idx, x, y, Y, _ = _points_of(de, (g["task"] == t).to_numpy(), j)
         if len(idx) == 0 or not np.all(np.isfinite(x["param_count"])):
             continue
         w = _weights(de, st, reps, idx, j)
@@ -644,6 +645,9 @@ def _select_de_law(de: DataEfficiency, st: Settings, reps: Replicates, t: str) -
             used += 1
             for c in cands:
                 totals[c["law"]] += c["aicc"]
+            if reps.K and st.select == "aicc":
+                for law, _ in laws.DATA_EFFICIENCY_FAMILY:
+                    rep_totals[law.name] += _replicate_aicc(law, x, Y, w, st)
     if st.select == "full":
         return {"chosen": "data_efficiency_sigma_n", "rule": "full law (select = full)", "per_threshold": per_j}
     if used == 0:
@@ -657,16 +661,42 @@ def _select_de_law(de: DataEfficiency, st: Settings, reps: Replicates, t: str) -
         totals = {n: sum(next(c for c in pj["candidates"] if c["law"] == n)["aicc"] for pj in per_j) for n in elig}
         used = len(per_j)
     best = min(totals, key=totals.get)
-    wts = np.exp(-0.5 * (np.array(list(totals.values())) - totals[best]))
-    wts /= wts.sum()
-    return {"chosen": best, "rule": f"lowest AICc summed over {used} threshold(s)",
+    # Evidence: the thresholds share the seeds, so summed AICc differences (and Akaike weights from them,
+    # once "3e-35") count the same evidence ~nJ times. Instead: how often each law wins when the whole
+    # selection is redone on every seed-bootstrap replicate.
+    share, n_rep = {n: None for n in totals}, 0
+    if reps.K and st.select == "aicc" and used == len(per_j):
+        R = np.vstack([rep_totals[n] for n in totals])              # (laws, K)
+        okr = np.all(np.isfinite(R), axis=0) & reps.ok(f"D_J(σ,N)/{t}")
+        n_rep = int(okr.sum())
+        if n_rep:
+            wins = np.argmin(R[:, okr], axis=0)
+            share = {n: float(np.mean(wins == i)) for i, n in enumerate(totals)}
+    rule = f"lowest AICc summed over {used} threshold(s)"
+    if share[best] is not None:
+        rule += (f"; chosen in {share[best]:.0%} of {n_rep} seed-bootstrap replicates (the replicates' intervals "
+                 "are for the chosen law: parameters of different nested laws are different quantities, so they "
+                 "do not carry the choice" + ("; the choice is uncertain" if share[best] < 0.9 else "") + ")")
+    return {"chosen": best, "rule": rule, "n_replicates_selection": n_rep,
             "laws": [{"law": n, "formula": next(law.formula for law, _ in laws.DATA_EFFICIENCY_FAMILY if law.name == n),
-                      "aicc_total": v, "delta_aicc": v - totals[best], "akaike_weight": float(wt),
+                      "aicc_total": v, "delta_aicc": v - totals[best], "bootstrap_share": share[n],
                       "preferred_at": int(sum(1 for pj in per_j
                                               if min((c for c in pj["candidates"] if c["aicc"] is not None),
                                                      key=lambda c: c["aicc"], default={"law": None})["law"] == n))}
-                     for (n, v), wt in zip(totals.items(), wts)],
+                     for n, v in totals.items()],
             "per_threshold": per_j}
+
+
+def _replicate_aicc(law: laws.Law, x: dict, Y: np.ndarray, w: np.ndarray, st: Settings) -> np.ndarray:
+    """AICc of `law` refitted (the one estimator) on every replicate row of Y (K, n); NaN where it failed."""
+    LY = _log(Y)
+    prob = fitting.make_problem(law, x, np.nanmean(LY, axis=0))
+    W = np.where(np.isfinite(LY), w[None], 0.0)
+    bf = fitting.fit_many(prob, LY, W, loss=st.loss, huber_delta=st.huber_delta, max_starts=st.max_starts)
+    n = np.sum(W > 0, axis=1)
+    out = np.array([fitting.aicc(2.0 * o, int(k), prob.n_params) if ok else np.nan
+                    for o, k, ok in zip(bf.objective, n, bf.ok)])
+    return out
 
 
 def _fit_de_sigma_n(de: DataEfficiency, st: Settings, reps: Replicates, tasks: list[str], notes: list,
