@@ -17,34 +17,11 @@ import warnings
 
 import numpy as np
 import pandas as pd
-from sklearn.isotonic import isotonic_regression
-
 from .data import Curve, CurveSet
-
-try:  # sklearn's PAVA kernel without per-call validation (~50x less overhead on short curves)
-    from sklearn._isotonic import _inplace_contiguous_isotonic_regression as _pava
-except ImportError:  # pragma: no cover - private API moved
-    _pava = None
+from .isotonic import isotonic_rows  # noqa: F401  (re-exported: scaling.curves.isotonic_rows)
 
 GROUP_KEYS = ("task", "utd", "param_count")
 COARSE_LOG_POINTS = 10
-
-
-def isotonic_rows(Y: np.ndarray) -> np.ndarray:
-    """Non-decreasing least-squares fit of each row of Y (K, T) (scikit-learn's PAVA)."""
-    Y = np.array(Y, dtype=np.float64, order="C", ndmin=2, copy=True)
-    if Y.shape[1] < 2:
-        return Y
-    mono = np.all(np.diff(Y, axis=1) >= 0, axis=1)
-    w = np.ones(Y.shape[1])
-    for k in np.flatnonzero(~mono):
-        if _pava is not None:
-            row = np.ascontiguousarray(Y[k])
-            _pava(row, w.copy())
-            Y[k] = row
-        else:
-            Y[k] = isotonic_regression(Y[k])
-    return Y
 
 
 def first_crossing(steps: np.ndarray, Ymono: np.ndarray, thresholds: np.ndarray,
