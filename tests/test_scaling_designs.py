@@ -217,3 +217,17 @@ def test_budget_law_keeps_edge_replicates_in_its_interval():
     s = law["params"]["s"]
     assert s["n_unknown"] == 8 and s.get("widened_for_unknown"), s.get("reason")
     assert s["lo"] <= s["estimate"] <= s["hi"]
+
+
+# ---- item 9: the withholding behind "every interval contains its estimate" --------------------------
+
+def test_an_interval_that_would_exclude_its_estimate_is_withheld():
+    """check_honest's "lo <= estimate <= hi" cannot fail on a report, because `interval` withholds such
+    intervals first: test that withholding. 2% of the replicates below the estimate: BCa's bias correction
+    (z0 = −2.05) puts both ends below it."""
+    v = 1.0 + np.linspace(0.01, 0.3, 200)
+    v[:4] = 0.99
+    iv = fitting.interval(1.0, v, level=0.9)
+    assert iv["lo"] is None and iv["hi"] is None
+    assert iv["method"] == "BCa" and "would exclude it" in iv["reason"]
+    assert iv["p_below"] == pytest.approx(0.02)
