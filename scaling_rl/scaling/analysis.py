@@ -4,7 +4,8 @@ JSON-able dict (the content of fit.json), from which the report and every figure
 
 Honesty rules (see DESIGN.md): one estimator (`fitting.fit_many`) for the point fit and every
 replicate; replicate b is one resample of seeds used by every threshold, task, law, allocation and
-budget law, and a replicate that fails anywhere is dropped everywhere (`Replicates`); every interval
+budget law, and a replicate that fails anywhere in a scope (a chain of combined quantities) is dropped
+from every quantity of that scope (`Replicates`); every interval
 contains its estimate or is absent with a reason; a parameter the data cannot pin down is "not
 identified"; optima are searched inside the swept box unless `extrapolate` > 1, and then marked.
 """
@@ -1034,7 +1035,7 @@ def _budget_laws(t: str, rows: list[dict], reps: Replicates, st: Settings, final
         rec = {**base, "n_points": len(interior), "r2_log": float(1 - np.sum((np.log(y) - pred) ** 2) / ss) if ss > 0
                else float("nan"), "F_range": [float(F.min()), float(F.max())],
                "points": [{"F": float(f), "value": float(v)} for f, v in zip(F, y)]}
-        # Not an estimator failure, so not dropped everywhere: a replicate whose optimum sits on the box
+        # Not an estimator failure, so not dropped from its scope: a replicate whose optimum sits on the box
         # edge has no budget law inside the box; its value is unknown, placed beyond both ends of the interval
         # (widening it), and too many of them withhold it. Dropping them (as once) cut the tails.
         n_edge = int(on_edge.sum())

@@ -272,9 +272,9 @@ def fit_many(problem: Problem, LY: np.ndarray, W: np.ndarray | None = None, *, l
     """THE estimator, for K data sets at once (rows of LY (K, n), weights W (K, n), 0 = missing).
 
     Per data set: the law's start grid (from that data set's observed points; plus `warm`, if given,
-    as one more start — in addition to the grid, never instead of it) -> 60 Levenberg–Marquardt
+    as one more start — in addition to the grid, never instead of it) -> 30 Levenberg–Marquardt
     iterations on every start at once (vectorised over all data sets × starts) -> the `max_starts`
-    best distinct points iterated by LM to convergence -> L-BFGS-B (box bounds) from the best; lowest
+    best distinct points iterated by LM to convergence (at most 150 more) -> L-BFGS-B (box bounds) from the best; lowest
     objective wins. The point fit is the K = 1 case, so a bootstrap replicate is fitted exactly like
     the point estimate."""
     if loss not in LOSSES:
