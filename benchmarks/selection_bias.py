@@ -12,6 +12,8 @@ B. The D(σ, N) law's parameters (5 × 5 grid, 4 tied batch sizes, 5 seeds, 10% 
 C. The σ effect per model size (item 0): 6 σ levels 0.5…16, 5 sizes, 5 seeds, 5% seed noise, a σ effect
    at every size; how many per-size D_J(σ) fits are labelled "no σ dependence" by AICc (old rule) and by
    the seed-bootstrap interval of the σ slope (new rule).
+D. The batch law's uncertainty in σ* (item 2): 5 σ, 1 size, 2 batch sizes, 5 seeds, δ = 1e9: the 90%
+   log-width of σ* over replicates when replicate b uses its own B*(σ) law (now) vs the point law (before).
 Last line: `crossfit_point_coverage=<x> argmin_point_coverage=<y> sigma_mislabelled_new=<a>/<n>`.
 """
 from __future__ import annotations
@@ -104,6 +106,25 @@ def part_c(studies: int) -> tuple[int, int, int]:
     return old, new, n
 
 
+def part_d() -> None:
+    from scaling_rl.scaling import allocation as alloc
+    cs = synthetic.make_study(synthetic.Truth(), utds=[0.5, 1, 2, 4, 8], param_counts=(1e6,), batch_sizes=[128, 512],
+                              seeds=5, n_log=60, log_spaced=True, rng=3)
+    cap: dict = {}
+    analysis.analyze(cs, analysis.Settings(n_bootstrap=60, n_thresholds=3, max_starts=4, holdout=False, delta=1e9),
+                     capture=cap)
+    print("\nD. σ* 90% log-width over replicates: own B*(σ) law per replicate vs the point B*(σ) law")
+    for (t, j), law in cap["laws"].items():
+        own, point = [], []
+        for b, q in enumerate(law["reps"]):
+            if q is None or law["batch_reps"] is None or law["batch_reps"][b] is None:
+                continue
+            own.append(alloc.optimum_numerical(q, law["batch_reps"][b], law["delta"], **law["box"], **law["fixed"])["sigma"])
+            point.append(alloc.optimum_numerical(q, law["batch"], law["delta"], **law["box"], **law["fixed"])["sigma"])
+        w = lambda v: float(np.diff(np.quantile(np.log(v), [0.05, 0.95]))[0])  # noqa: E731
+        print(f"J index {j}: own {w(own):.3f}  point {w(point):.3f}  ({len(own)} replicates)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--studies", type=int, default=40)
@@ -114,6 +135,7 @@ def main() -> None:
     if args.law_studies:
         part_b(args.law_studies)
     _, new, n = part_c(args.sigma_studies)
+    part_d()
     print(f"crossfit_point_coverage={a['crossfit'][0]:.3f} argmin_point_coverage={a['argmin'][0]:.3f} "
           f"sigma_mislabelled_new={new}/{n}")
 
