@@ -10,7 +10,8 @@ Gaussian observation noise `noise` in units of the return range, 40 log-spaced l
 does it (`scaling.data.curves_from_table`: reached seeds hold their last isotonic value) and D_J at J_top
 and at the lower threshold is compared with the same trial run to the end. Prints, per noise level, the
 share of stopped trials whose D_J moved, the median and the extreme log-shift, and how many exceed the
-log-point bracket around the crossing. Last line: `j_top_shifted_share=<x>` at the last noise level.
+log-point bracket around the crossing. Curves with final level `--plateau` (1.0, and 0.8: flattening just above J_top + margin). Last line:
+`j_top_shifted_share=<x>` for the last (plateau, noise).
 """
 from __future__ import annotations
 
@@ -43,21 +44,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--noise", type=float, nargs="+", default=[0.02, 0.08])
+    ap.add_argument("--plateau", type=float, nargs="+", default=[1.0, 0.8],
+                    help="the curves' final level (0.8: they flatten just above J_top + margin = 0.73)")
     args = ap.parse_args()
     steps = np.unique(np.round(np.geomspace(1000, 200_000, 40)))
     rule = es.Rule(thresholds=(0.4, 0.7), margin=0.03, patience=2)
     J = np.array([0.4, 0.7])
-    print(f"{'noise':>6s} {'stopped':>8s} {'J':>5s} {'moved':>7s} {'median shift':>13s} {'extreme':>9s} "
+    print(f"{'plateau':>7s} {'noise':>6s} {'stopped':>8s} {'J':>5s} {'moved':>7s} {'median shift':>13s} {'extreme':>9s} "
           f"{'> bracket':>9s}")
     share = float("nan")
-    for noise in args.noise:
+    for plateau, noise in [(p, n) for p in args.plateau for n in args.noise]:
         rng = np.random.default_rng(0)
         shifts = {j: [] for j in J}
         over = {j: 0 for j in J}
         n_stop = 0
         for _ in range(args.trials):
             tau = 8000.0 * np.exp(0.3 * rng.standard_normal(3))
-            Y = 1 - np.exp(-steps[:, None] / tau[None]) + noise * rng.standard_normal((len(steps), 3))
+            Y = plateau * (1 - np.exp(-steps[:, None] / tau[None])) + noise * rng.standard_normal((len(steps), 3))
             full = _table(steps, Y)
             stop = None
             for st in steps:
@@ -78,7 +81,7 @@ def main() -> None:
             s = np.array(shifts[j])
             moved = np.abs(s) > 1e-9
             ext = s[np.argmax(np.abs(s))] if s.size else float("nan")
-            print(f"{noise:6.2f} {n_stop:8d} {j:5.2f} {moved.mean() if s.size else float('nan'):7.1%} "
+            print(f"{plateau:7.2f} {noise:6.2f} {n_stop:8d} {j:5.2f} {moved.mean() if s.size else float('nan'):7.1%} "
                   f"{np.median(s[moved]) if moved.any() else 0.0:13.4f} {ext:9.4f} {over[j]:9d}")
             if j == J[-1]:
                 share = float(moved.mean()) if s.size else float("nan")
