@@ -147,9 +147,9 @@ def test_law_parameters_use_welch_satterthwaite_dof():
     x = {"utd": s.ravel(), "param_count": n.ravel()}
     p = {"D_min": 1e5, "a": 2.0, "alpha": 1.0, "b": 3e5, "beta": 0.8}
     y = p["D_min"] * (1 + (p["a"] / x["utd"]) ** p["alpha"] + (p["b"] / x["param_count"]) ** p["beta"])
-    Y = y * np.exp(0.05 * rng.standard_normal((60, 25)))
-    st = analysis.Settings(n_bootstrap=60, max_starts=4)
-    reps = analysis.Replicates(60, 0, 5, st.level, None, 25 * 4)
+    Y = y * np.exp(0.05 * rng.standard_normal((12, 25)))
+    st = analysis.Settings(n_bootstrap=12, max_starts=2)
+    reps = analysis.Replicates(12, 0, 5, st.level, None, 25 * 4)
     f = analysis.fit_with_bootstrap(laws.DATA_EFFICIENCY_SIGMA_N, x, y, Y, st, reps, "D", seeds=np.full(25, 5.0))
     dof = dict(zip(f.problem.labels, f.dof))
     # points × (n − 1) = 100; a parameter carried by a few points has far fewer
