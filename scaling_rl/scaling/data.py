@@ -24,8 +24,6 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .isotonic import isotonic_rows
-
 # Columns that describe a log point or a run, never a configuration.
 BOOKKEEPING = frozenset({"trial_id", "seed", "seed_index", "trial_seed", "seeds", "env_steps", "grad_steps",
                          "chunk", "step", "time", "wall_time", "status", "trial_dir", "path", "timestamp",
@@ -276,6 +274,7 @@ def _align_seeds(g: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray, 
     for s, (t, y) in keep.items():
         col = np.interp(grid, t, y)
         if s in reached:
+            from .isotonic import isotonic_rows   # lazy: scikit-learn's import is slow for the sweep CLI
             col[grid > t[-1]] = isotonic_rows(y[None])[0][-1]
         cols.append(col)
     Y = np.stack(cols, axis=1)
