@@ -95,6 +95,18 @@ def test_a_true_n_term_is_recovered(with_n):
     assert beta["lo"] <= truth.beta * 1.6 and beta["hi"] >= truth.beta / 1.6
 
 
+def test_model_selection_evidence_is_the_share_of_bootstrap_replicates(with_n, without_n):
+    """Summed AICc over thresholds sharing seeds overstated the evidence (Akaike weights like 3e-35); the
+    evidence is how often the whole selection picks each law on the seed-bootstrap replicates."""
+    for fit in (with_n, without_n):
+        sel = fit["model_selection"]["task"]
+        shares = {l_["law"]: l_["bootstrap_share"] for l_ in sel["laws"]}
+        assert all("akaike_weight" not in l_ for l_ in sel["laws"])
+        assert sum(shares.values()) == pytest.approx(1.0) and sel["n_replicates_selection"] >= 30
+        assert shares[sel["chosen"]] >= 0.5 and "seed-bootstrap replicates" in sel["rule"]
+    assert "| replicates |" in report.render_report(with_n)
+
+
 def test_a_parameter_on_its_bound_is_not_identified_not_a_number():
     # the full law forced onto data with no N effect: b runs to its bound
     fit = _analyze(synthetic.Truth(b0=1e-3), select="full", K=20)

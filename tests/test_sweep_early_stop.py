@@ -404,7 +404,12 @@ def test_align_seeds_holds_reached_seeds_and_gives_the_full_run_d_j():
     d_stop, br = first_crossing(a.steps, isotonic_rows(a.returns.mean(axis=1)[None]), J, return_bracket=True)
     d_full = first_crossing(b.steps, isotonic_rows(b.returns.mean(axis=1)[None]), J)
     assert np.all(np.isfinite(d_stop))
+    # every threshold up to J_top (the rule's top, the one early stopping is about), not only the first
+    assert J[-1] == rule.top
     assert np.all(np.abs(np.log(d_stop[0] / d_full[0])) <= br[0] + 1e-12)
+    # at J_top the held seeds sit below where their full runs go, so the seed mean crosses later: here
+    # +19% (one log-point bracket, 0.19) — early stopping does shift D_J(J_top), within its bracket
+    assert 0 < np.log(d_stop[0, -1] / d_full[0, -1]) <= br[0, -1] + 1e-12
     # a censored (unreachable) replica is not extended: it is a seed that ended early like any other
     # (here before half the longest, so dropped with a note; otherwise it would truncate the grid)
     cens = stopped.copy()

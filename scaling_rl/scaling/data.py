@@ -274,7 +274,7 @@ def _align_seeds(g: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray, 
     for s, (t, y) in keep.items():
         col = np.interp(grid, t, y)
         if s in reached:
-            from scaling_rl.scaling.curves import isotonic_rows
+            from .isotonic import isotonic_rows   # lazy: scikit-learn's import is slow for the sweep CLI
             col[grid > t[-1]] = isotonic_rows(y[None])[0][-1]
         cols.append(col)
     Y = np.stack(cols, axis=1)

@@ -272,9 +272,9 @@ def fit_many(problem: Problem, LY: np.ndarray, W: np.ndarray | None = None, *, l
     """THE estimator, for K data sets at once (rows of LY (K, n), weights W (K, n), 0 = missing).
 
     Per data set: the law's start grid (from that data set's observed points; plus `warm`, if given,
-    as one more start — in addition to the grid, never instead of it) -> 60 Levenberg–Marquardt
+    as one more start — in addition to the grid, never instead of it) -> 30 Levenberg–Marquardt
     iterations on every start at once (vectorised over all data sets × starts) -> the `max_starts`
-    best distinct points iterated by LM to convergence -> L-BFGS-B (box bounds) from the best; lowest
+    best distinct points iterated by LM to convergence (at most 150 more) -> L-BFGS-B (box bounds) from the best; lowest
     objective wins. The point fit is the K = 1 case, so a bootstrap replicate is fitted exactly like
     the point estimate."""
     if loss not in LOSSES:
@@ -476,9 +476,31 @@ def seed_inflation(n_seeds: int, dof: float, level: float = 0.9) -> float:
     return small_sample_inflation(n_seeds) * float(stats.t.ppf(q, dof) / special.ndtri(q))
 
 
+def effective_dof(problem: Problem, u: np.ndarray, log_y: np.ndarray, w: np.ndarray,
+                  n_seeds: np.ndarray) -> np.ndarray:
+    """Welch–Satterthwaite degrees of freedom of each parameter (P,). Linearised, parameter p is
+    Σ_i c_pi·log ȳ_i with c = (JᵀWJ)⁻¹JᵀW; point i's variance (∝ 1/w_i) is estimated from n_i − 1 seed
+    degrees of freedom, so ν_p = (Σ_i c_pi²/w_i)² / Σ_i (c_pi²/w_i)²/(n_i − 1) — far fewer than
+    Σ(n_i − 1) when a few points carry the parameter (measured 7–14 instead of 27–60 for D_min)."""
+    w = np.asarray(w, float)
+    n_seeds = np.asarray(n_seeds, float)
+    _, J = problem.residual_jacobian(np.asarray(u, float)[None], np.asarray(log_y, float)[None])
+    J = J[0]
+    use = (w > 0) & (n_seeds >= 2)
+    if use.sum() == 0:
+        return np.full(problem.n_params, float("nan"))
+    H = J.T @ (w[:, None] * J)
+    C = np.linalg.pinv(H) @ (J * w[:, None]).T                       # (P, n)
+    a = np.where(use[None], C ** 2 / np.where(w > 0, w, 1.0)[None], 0.0)
+    den = np.sum(a ** 2 / np.maximum(n_seeds - 1, 1.0)[None], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        nu = np.sum(a, axis=1) ** 2 / den
+    return np.where(np.isfinite(nu) & (den > 0), np.maximum(nu, 1.0), float(np.sum(n_seeds[use] - 1)))
+
+
 def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, *, level: float = 0.9,
              inflation: float = 1.0, log: bool = True, n_total: int | None = None,
-             reason: str | None = None) -> dict:
+             reason: str | None = None, unknown: int = 0) -> dict:
     """Bootstrap interval of one quantity, in log space for positive quantities.
 
     Deviations of the replicates from the estimate are scaled by `inflation`. Bias check: p_below =
@@ -486,19 +508,26 @@ def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, 
     binomial sd) the interval is the percentile one; otherwise BCa, with the bias correction z0 =
     Φ⁻¹(p_below) and the acceleration from the jackknife values `jack` (0 without them). NaN
     replicates are failures: with more than MAX_FAIL of `n_total` failed, or an interval that would
-    not contain the estimate, there is no interval and `reason` says why. Always returns n_ok / n."""
+    not contain the estimate, there is no interval and `reason` says why. Always returns n_ok / n.
+
+    `unknown` replicates (NaN among `reps`, not failures) have a value the data do not give (e.g. an optimum on
+    the search box's edge): each is placed beyond both ends, which widens the interval (the lower end is
+    the (α·(m+u) − u)/m quantile of the m others, the upper the (1−α)(m+u)/m one); when that runs out of
+    replicates (u > (1 − level)/2 of them) there is no interval."""
     reps = np.asarray(reps, float)
     n = int(n_total if n_total is not None else reps.size)
     good = np.isfinite(reps) & ((reps > 0) if log else True)
     rec = {"estimate": float(estimate), "lo": None, "hi": None, "n_ok": int(good.sum()), "n": n}
+    if unknown:
+        rec["n_unknown"] = int(unknown)
     est = float(estimate)
     if reason is None:
         if n == 0:
             reason = "no bootstrap replicates"
         elif not np.isfinite(est) or (log and not est > 0):
             reason = "no finite estimate"
-        elif n - good.sum() > MAX_FAIL * n:
-            reason = f"{n - int(good.sum())} of {n} replicates failed (more than {MAX_FAIL:.0%})"
+        elif n - good.sum() - unknown > MAX_FAIL * n:
+            reason = f"{n - int(good.sum()) - unknown} of {n} replicates failed (more than {MAX_FAIL:.0%})"
         elif good.sum() < 10:
             reason = f"only {int(good.sum())} replicates"
         elif not np.isfinite(inflation):
@@ -537,6 +566,13 @@ def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, 
     else:
         rec["reason"] = f"every replicate lies on one side of the estimate (P(replicate < estimate) = {p0:.2f})"
         return rec
+    if unknown:
+        qs = np.array([(qs[0] * (m + unknown) - unknown) / m, qs[1] * (m + unknown) / m])
+        if qs[0] < 0 or qs[1] > 1:
+            rec["reason"] = (f"{unknown} of {n} replicates have no value here (placed beyond both ends, more than "
+                             f"the interval's tails hold)")
+            return rec
+        rec["widened_for_unknown"] = True
     lo, hi = t0 + np.quantile(dev, qs)
     if not (lo <= t0 <= hi):
         rec["reason"] = (f"bootstrap not centred on the estimate (P(replicate < estimate) = {p0:.2f}); "
@@ -550,8 +586,8 @@ def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, 
 def bootstrap_intervals(problem: Problem, u_hat: np.ndarray, U: np.ndarray, level: float = 0.9,
                         inflation: float = 1.0, jack: np.ndarray | None = None,
                         not_identified: Sequence[str | None] | None = None,
-                        reason: str | None = None) -> dict[str, dict]:
-    """`interval` of every parameter (natural units) from replicate refits U (K, P; NaN rows failed)
+                        reason: str | None = None, dof: np.ndarray | None = None) -> dict[str, dict]:
+    """`interval` of every parameter (`inflation` a scalar or one per parameter, then with its `dof`) (natural units) from replicate refits U (K, P; NaN rows failed)
     and jackknife refits `jack` (S, P). A parameter that is not identified gets no estimate at all."""
     nat_hat = problem.natural(u_hat)
     nat = problem.natural(U) if len(U) else np.zeros((0, problem.n_params))
@@ -559,8 +595,11 @@ def bootstrap_intervals(problem: Problem, u_hat: np.ndarray, U: np.ndarray, leve
     out = {}
     for j, label in enumerate(problem.labels):
         ni = not_identified[j] if not_identified is not None else None
+        infl = float(inflation[j]) if np.ndim(inflation) else inflation
         rec = interval(float(nat_hat[j]), nat[:, j], None if natj is None else natj[:, j], level=level,
-                       inflation=inflation, log=bool(problem.is_log[j]), n_total=len(U), reason=reason)
+                       inflation=infl, log=bool(problem.is_log[j]), n_total=len(U), reason=reason)
+        if np.ndim(inflation):
+            rec["dof"] = float(dof[j]) if dof is not None else None
         if ni:
             rec.update(estimate=None, lo=None, hi=None, not_identified=ni, value_at_fit=float(nat_hat[j]))
         out[label] = rec

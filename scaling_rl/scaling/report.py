@@ -96,7 +96,7 @@ def _param_table(recs: list[dict], keys: list[str], head: list[str]) -> list[str
         law = r.get("formula", r.get("law", ""))
         sel = r.get("selection") or {}
         if sel.get("chosen", "").endswith("_constant"):
-            law += " (AICc prefers D_J = const)"
+            law += " (σ effect not identified)"
         cells += [law] + [_ci(r["params"][p]) if p in r["params"] else "—" for p in params] + [
             _g(r["r2_log"], 4), _g(r.get("rse_log")), _g(r.get("aicc"), 4), str(r["n_points"]), _n_ok(r)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -109,13 +109,16 @@ def _selection_lines(fit: dict) -> list[str]:
         return []
     L = ["## Model selection for D_J(σ, N)", "",
          "Nested laws fitted at every threshold; the law with the lowest AICc (summed over the thresholds where "
-         "all can be compared) is reported and used for the allocation. Δ = AICc − best; weight = Akaike weight.", ""]
+         "all can be compared) is reported and used for the allocation. Δ = AICc − best (the thresholds share "
+         "their seeds, so Δ overstates the evidence); replicates = share of seed-bootstrap replicates in which "
+         "the whole selection picks this law.", ""]
     for t, s_ in sel.items():
         L.append(f"**{t}**: chosen **{s_['chosen']}** — {s_['rule']}")
         if s_.get("laws"):
-            L += ["", "| law | formula | AICc (sum) | Δ | weight | best at thresholds |", "|---|---|---|---|---|---|"]
+            L += ["", "| law | formula | AICc (sum) | Δ | replicates | best at thresholds |", "|---|---|---|---|---|---|"]
             L += [f"| {l_['law']} | {l_['formula']} | {_g(l_['aicc_total'], 5)} | {_g(l_['delta_aicc'], 3)} | "
-                  f"{_g(l_['akaike_weight'], 2)} | {l_['preferred_at']} |" for l_ in s_["laws"]]
+                  f"{'—' if l_.get('bootstrap_share') is None else format(l_['bootstrap_share'], '.0%')} | "
+                  f"{l_['preferred_at']} |" for l_ in s_["laws"]]
         L.append("")
     return L
 
