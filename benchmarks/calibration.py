@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/calibration.py --quick            # a few minutes: 5 seeds, 6 studies/generator
     .venv/bin/python benchmarks/calibration.py [--workers 16]      # full: 3, 5, 10 seeds × 40 studies/generator
+    .venv/bin/python benchmarks/calibration.py --resume            # continue an interrupted run from its cache
     .venv/bin/python benchmarks/calibration.py --from-cache        # re-print the cached table
 
 Every study is run through the whole pipeline (`scaling.analyze`: seed bootstrap, best configuration per
@@ -40,7 +41,7 @@ import dataclasses
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -221,7 +222,9 @@ def one_study(args) -> list[dict]:
         if target is None or not np.isfinite(target):
             status, reason = "no-target", "reference has no value"
         elif lo is None or hi is None:
-            status, reason = "withheld", iv.get("reason") or ""
+            status = "withheld"
+            reason = (f"not identified ({iv['not_identified']})" if iv.get("not_identified")
+                      else iv.get("reason") or "no interval (no reason given)")
         else:
             status, reason = ("hit" if lo <= target <= hi else "miss"), ""
         rows.append({"generator": gen_name, "seeds": seeds, "study": study, "quantity": q, "cell": cell,
@@ -267,7 +270,50 @@ def summarize(raw: pd.DataFrame) -> pd.DataFrame:
         rows.append({"generator": g, "seeds": int(s), "quantity": q, "intervals": len(printed), "studies": n_st,
                      "coverage": cov, "lo": lo, "hi": hi, "withheld": len(withheld),
                      "why": reasons.index[0][:60] if len(reasons) else "", "flag": flag})
+    tab = pd.DataFrame(rows)
+    if len(tab):
+        order = {g: i for i, g in enumerate(GEN)}
+        qorder = {q: i for i, q in enumerate(("D_J", *LAW_PARAMS, "sigma*", "N*"))}
+        tab = tab.sort_values(["generator", "seeds", "quantity"],
+                              key=lambda c: c.map(order) if c.name == "generator" else
+                              c.map(qorder) if c.name == "quantity" else c, kind="stable").reset_index(drop=True)
+    return tab
+
+
+def by_quantity(raw: pd.DataFrame) -> pd.DataFrame:
+    """Coverage per quantity pooled over generators and seeds (Wilson, n = studies that printed one)."""
+    rows = []
+    printed = raw[raw["status"].isin(["hit", "miss"])]
+    for q in dict.fromkeys(printed["quantity"]):
+        d = printed[printed["quantity"] == q]
+        n_st = d.groupby(["generator", "seeds", "study"]).ngroups
+        cov = float(np.mean(d["status"] == "hit"))
+        lo, hi = wilson(cov * n_st, n_st)
+        rows.append({"quantity": q, "coverage": cov, "lo": lo, "hi": hi, "intervals": len(d), "studies": n_st,
+                     "withheld": int(((raw["quantity"] == q) & (raw["status"] == "withheld")).sum())})
     return pd.DataFrame(rows)
+
+
+def compact(tab: pd.DataFrame) -> str:
+    """generator × seeds rows, one column per quantity: coverage (printed intervals), ↓/↑ where the Wilson
+    interval lies wholly below 0.85 / above 0.95, "w" where every interval was withheld."""
+    qs = list(dict.fromkeys(tab["quantity"]))
+    lines = ["| generator | seeds | " + " | ".join(qs) + " |", "|---|---|" + "---|" * len(qs)]
+    for (g, s), d in tab.groupby(["generator", "seeds"], sort=False):
+        cells = []
+        for q in qs:
+            r = d[d["quantity"] == q]
+            if not len(r):
+                cells.append("")
+                continue
+            r = r.iloc[0]
+            if not r["intervals"]:
+                cells.append("w" if r["withheld"] else "–")
+                continue
+            mark = "↓" if r["flag"] == "LOW" else "↑" if r["flag"] == "HIGH" else ""
+            cells.append(f"{r['coverage']:.2f}{mark} ({r['intervals']})")
+        lines.append(f"| {g} | {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def render(tab: pd.DataFrame, raw: pd.DataFrame, title: str) -> str:
@@ -286,6 +332,12 @@ def render(tab: pd.DataFrame, raw: pd.DataFrame, title: str) -> str:
     lines += ["", f"pooled over {len(printed)} printed intervals from {n_st} studies: coverage {cov:.3f} "
                   f"[{lo:.3f}, {hi:.3f}]; analyses that raised: {errors}; withheld: "
                   f"{int((raw['status'] == 'withheld').sum())}",
+              "", "per quantity, pooled over generators and seeds:", "",
+              "| quantity | coverage [95% Wilson, n = studies] | intervals | studies | withheld |", "|---|---|---|---|---|",
+              *[f"| {r.quantity} | {r.coverage:.3f} [{r.lo:.3f}, {r.hi:.3f}] | {r.intervals} | {r.studies} | "
+                f"{r.withheld} |" for r in by_quantity(raw).itertuples()],
+              "", "compact (coverage (printed intervals); ↓/↑ Wilson interval wholly below 0.85 / above 0.95; "
+                  "w = all withheld):", "", compact(tab),
               "", f"pooled_coverage={cov:.3f} [{lo:.3f}, {hi:.3f}]"]
     return "\n".join(lines)
 
@@ -299,6 +351,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bootstrap", type=int, default=None, help="seed-bootstrap resamples (default 100; quick 40)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", default=None, help="raw-row cache (.csv); default benchmarks/results/calibration[_quick].csv")
+    ap.add_argument("--resume", action="store_true", help="keep the cached studies and run only the missing ones")
+    ap.add_argument("--save-every", type=int, default=10, help="rewrite the cache after this many studies")
     ap.add_argument("--from-cache", action="store_true", help="print the table from the cache, compute nothing")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else RESULTS / ("calibration_quick.csv" if args.quick else "calibration.csv")
@@ -324,14 +378,30 @@ def main(argv=None) -> int:
     studies = args.studies or (6 if args.quick else 40)
     K = args.bootstrap or (40 if args.quick else 100)
     t0 = time.perf_counter()
+    done = pd.DataFrame()
+    if args.resume and out.exists():  # studies already in the cache are not run again
+        done = pd.read_csv(out, keep_default_na=False, na_values=[""])
+        done = done[done["generator"].isin(gens) & done["seeds"].isin(seeds)]
+    have = set(map(tuple, done[["generator", "seeds", "study"]].drop_duplicates().to_numpy().tolist())) if len(done) else set()
+    rows = done.to_dict("records")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():  # atomic: an interrupted run leaves the last complete cache
+        atomic_write_text(out, pd.DataFrame(rows).to_csv(index=False))
+
     with ProcessPoolExecutor(max_workers=args.workers) as ex:
         refs = {r["generator"]: r for r in ex.map(reference, gens)}
-        jobs = [(g, s, i, K, refs[g]) for g in gens for s in seeds for i in range(studies)]
-        raw = pd.DataFrame([row for rows in ex.map(one_study, jobs, chunksize=1) for row in rows])
+        # interleaved (study-major) so a partial run covers every generator × seeds evenly
+        jobs = [(g, s, i, K, refs[g]) for i in range(studies) for s in seeds for g in gens if (g, s, i) not in have]
+        futures = [ex.submit(one_study, j) for j in jobs]
+        for n_done, fut in enumerate(as_completed(futures), 1):
+            rows.extend(fut.result())
+            if n_done % args.save_every == 0:
+                save()
+    save()
+    raw = pd.read_csv(out, keep_default_na=False, na_values=[""])
     tab = summarize(raw)
     text = render(tab, raw, title)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, raw.to_csv(index=False))
     atomic_write_text(out.with_suffix(".md"), text + "\n\nreference targets (noise-free):\n\n"
                       + pd.DataFrame(list(refs.values())).to_string(index=False) + "\n")
     print(text)
