@@ -270,14 +270,18 @@ def summarize(raw: pd.DataFrame) -> pd.DataFrame:
         rows.append({"generator": g, "seeds": int(s), "quantity": q, "intervals": len(printed), "studies": n_st,
                      "coverage": cov, "lo": lo, "hi": hi, "withheld": len(withheld),
                      "why": reasons.index[0][:60] if len(reasons) else "", "flag": flag})
-    tab = pd.DataFrame(rows)
-    if len(tab):
-        order = {g: i for i, g in enumerate(GEN)}
-        qorder = {q: i for i, q in enumerate(("D_J", *LAW_PARAMS, "sigma*", "N*"))}
-        tab = tab.sort_values(["generator", "seeds", "quantity"],
-                              key=lambda c: c.map(order) if c.name == "generator" else
-                              c.map(qorder) if c.name == "quantity" else c, kind="stable").reset_index(drop=True)
-    return tab
+    return _ordered(pd.DataFrame(rows))
+
+
+def _ordered(tab: pd.DataFrame) -> pd.DataFrame:
+    """Rows in GENERATORS order, then seeds, then quantity (D_J, law parameters, optimum)."""
+    if not len(tab):
+        return tab
+    order = {g: i for i, g in enumerate(GEN)}
+    qorder = {q: i for i, q in enumerate(("D_J", *LAW_PARAMS, "sigma*", "N*"))}
+    keys = [k for k in ("generator", "seeds", "quantity") if k in tab]
+    return tab.sort_values(keys, key=lambda c: c.map(order) if c.name == "generator" else
+                           c.map(qorder) if c.name == "quantity" else c, kind="stable").reset_index(drop=True)
 
 
 def by_quantity(raw: pd.DataFrame) -> pd.DataFrame:
@@ -292,6 +296,22 @@ def by_quantity(raw: pd.DataFrame) -> pd.DataFrame:
         rows.append({"quantity": q, "coverage": cov, "lo": lo, "hi": hi, "intervals": len(d), "studies": n_st,
                      "withheld": int(((raw["quantity"] == q) & (raw["status"] == "withheld")).sum())})
     return pd.DataFrame(rows)
+
+
+def diagnose(raw: pd.DataFrame) -> pd.DataFrame:
+    """Why a row misses, per generator × quantity (seeds pooled): each printed interval's error in its own
+    units, z = log(estimate/target) / (half-width/z₀.₉₅) (on the side the target lies). Calibrated: rms z ≈ 1;
+    rms z > 1: intervals too narrow by that factor; mean z ≠ 0: off-centre (bias) — e.g. selection bias."""
+    d = raw[raw["status"].isin(["hit", "miss"])].copy()
+    le = np.log(d["estimate"] / d["target"])
+    half = np.where(le > 0, np.log(d["estimate"] / d["lo"]), np.log(d["hi"] / d["estimate"])) / 1.6449
+    d["z"] = le / np.maximum(half, 1e-12)
+    d["le"] = le
+    g = d.groupby(["generator", "quantity"], sort=False).agg(
+        n=("z", "size"), coverage=("status", lambda x: float(np.mean(x == "hit"))),
+        bias_log=("le", "mean"), mean_z=("z", "mean"), rms_z=("z", lambda x: float(np.sqrt(np.mean(x ** 2))))
+    ).reset_index()
+    return _ordered(g)
 
 
 def compact(tab: pd.DataFrame) -> str:
@@ -338,6 +358,8 @@ def render(tab: pd.DataFrame, raw: pd.DataFrame, title: str) -> str:
                 f"{r.withheld} |" for r in by_quantity(raw).itertuples()],
               "", "compact (coverage (printed intervals); ↓/↑ Wilson interval wholly below 0.85 / above 0.95; "
                   "w = all withheld):", "", compact(tab),
+              "", "diagnostics (seeds pooled; z = error in units of the interval's own sd; calibrated: rms z ≈ 1, mean z ≈ 0):", "",
+              diagnose(raw).round(3).to_string(index=False),
               "", f"pooled_coverage={cov:.3f} [{lo:.3f}, {hi:.3f}]"]
     return "\n".join(lines)
 
