@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/calibration.py [--workers 16]      # full: 3, 5, 10 seeds × 40 studies/generator
     .venv/bin/python benchmarks/calibration.py --resume            # continue an interrupted run from its cache
     .venv/bin/python benchmarks/calibration.py --from-cache        # re-print the cached table
+    .venv/bin/python benchmarks/calibration.py --pooled            # coverage of `fit --pool-tasks` (3 tasks)
 
 Every study is run through the whole pipeline (`scaling.analyze`: seed bootstrap, best configuration per
 (σ, N) cell, WLS, law selection, allocation), exactly as `scaling-rl fit` would, at two fixed thresholds
@@ -364,6 +365,38 @@ def render(tab: pd.DataFrame, raw: pd.DataFrame, title: str) -> str:
     return "\n".join(lines)
 
 
+POOL_TASKS = ("t0", "t1", "t2")     # synthetic.Truth.task_scale: D_J × 1.0, 1.7, 0.6
+
+
+def pooled_study(args) -> list[dict]:
+    """`--pool-tasks` on 3 tasks that differ by a scale: coverage of the pooled law's parameters at J_LAW.
+    Target: the truth divided by its median over the cells (the same for every task), fitted without noise."""
+    from scaling_rl.scaling.pooled import pooled_fit
+    seeds, study, K = args
+    truth = synthetic.Truth()
+    cs = synthetic.make_study(truth, utds=UTDS, param_counts=PARAMS, tasks=POOL_TASKS, seeds=seeds, noise=0.1,
+                              n_log=120, log_spaced=True, rng=20_000 * seeds + study)
+    st = analysis.Settings(n_bootstrap=K, thresholds=list(THRESHOLDS), normalize="none", max_starts=4, delta=1.1e7,
+                           seed=study)
+    res = report.jsonable(pooled_fit(cs, st))
+    J = THRESHOLDS[J_LAW]
+    cells = [(s, n) for s in UTDS for n in PARAMS]
+    D = np.array([truth.D(J, s, n) for s, n in cells])
+    ly = np.log(D / np.median(D))
+    x = {"utd": np.array([c[0] for c in cells]), "param_count": np.array([c[1] for c in cells])}
+    target = fitting.fit(fitting.make_problem(laws.DATA_EFFICIENCY_SIGMA_N, x, ly), ly).params
+    row = next(r for r in res["per_threshold"] if r["j_index"] == J_LAW)
+    out = []
+    for k in LAW_PARAMS:
+        iv = row["fit"]["params"][k]
+        lo, hi = iv.get("lo"), iv.get("hi")
+        status = "withheld" if lo is None or hi is None else ("hit" if lo <= target[k] <= hi else "miss")
+        out.append({"generator": "pooled-3-tasks", "seeds": seeds, "study": study, "quantity": k, "cell": "",
+                    "target": float(target[k]), "estimate": iv.get("estimate"), "lo": lo, "hi": hi,
+                    "status": status, "reason": iv.get("reason") or iv.get("not_identified") or ""})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="5 seeds, 6 studies per generator, 40 resamples")
@@ -376,7 +409,21 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep the cached studies and run only the missing ones")
     ap.add_argument("--save-every", type=int, default=10, help="rewrite the cache after this many studies")
     ap.add_argument("--from-cache", action="store_true", help="print the table from the cache, compute nothing")
+    ap.add_argument("--pooled", action="store_true",
+                    help="instead: coverage of `fit --pool-tasks` (3 tasks differing by a scale), cache calibration_pooled.csv")
     args = ap.parse_args(argv)
+    if args.pooled:
+        out = Path(args.out) if args.out else RESULTS / "calibration_pooled.csv"
+        seeds = [int(s) for s in (args.seeds or "5").split(",")]
+        jobs = [(s, i, args.bootstrap or 60) for i in range(args.studies or 12) for s in seeds]
+        with ProcessPoolExecutor(max_workers=args.workers) as ex:
+            raw = pd.DataFrame([r for rows in ex.map(pooled_study, jobs) for r in rows])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, raw.to_csv(index=False))
+        text = render(summarize(raw), raw, "calibration of `fit --pool-tasks` (3 tasks, scales 1, 1.7, 0.6)")
+        atomic_write_text(out.with_suffix(".md"), text + "\n")
+        print(text)
+        return 0
     out = Path(args.out) if args.out else RESULTS / ("calibration_quick.csv" if args.quick else "calibration.csv")
     title = "calibration of 90% intervals" + (" (quick)" if args.quick else "")
     if args.from_cache:
