@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup quickstart test bench clean
+.PHONY: setup quickstart test bench clean notebook
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,10 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# Re-execute analysis/walkthrough.ipynb and commit it with its outputs (tests/test_scaling_notebook.py checks them).
+notebook: $(STAMP)
+	$(BIN)/python analysis/make_walkthrough.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,5 +1,12 @@
-"""Build analysis/walkthrough.ipynb from the cell sources below (edit here, then run this file;
-the notebook is committed without outputs and executed in CI by tests/test_scaling_notebook.py)."""
+"""Build analysis/walkthrough.ipynb from the cell sources below and execute it: edit here, then run
+`make notebook` (= this file). The notebook is committed WITH its outputs (tables, figures) on its own small
+seeded synthetic sweep; tests/test_scaling_notebook.py re-executes it and checks that the committed outputs
+are exactly what it produces (text and table outputs verbatim, figures by count), so after any change to
+the analysis the committed notebook must be regenerated with `make notebook`."""
+import contextlib
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 import nbformat as nbf
@@ -29,9 +36,9 @@ if not results:
     results = Path(tempfile.mkdtemp()) / "results.parquet"
     synthetic.make_table(synthetic.Truth(), utds=[0.5, 1, 2, 4], param_counts=[1e5, 3e5, 1e6],
                          batch_sizes=[256, 512], lrs=[3e-4], seeds=3, n_log=60, return_scale=100).to_parquet(results)
-n_bootstrap = int(os.environ.get("SCALING_RL_BOOTSTRAP", "100"))
+n_bootstrap = int(os.environ.get("SCALING_RL_BOOTSTRAP", "40"))
 out_dir = Path(os.environ.get("SCALING_RL_OUT") or tempfile.mkdtemp())
-print(results)"""),
+print(results if os.environ.get("SCALING_RL_RESULTS") else "a seeded synthetic sweep with a known law")"""),
     ("md", """## 1. Load
 `load_results` accepts the sweep store's tidy table (one row per trial, seed and log point), a directory holding
 it, or a published `utd_<σ>/<task>/<metric>/bs_<B>_lr_<η>.npy` curve directory. One `Curve` per configuration."""),
@@ -93,5 +100,69 @@ def build() -> nbf.NotebookNode:
     return nb
 
 
+NOTEBOOK = Path(__file__).with_name("walkthrough.ipynb")
+VOLATILE_ENV = ("SCALING_RL_RESULTS", "SCALING_RL_BOOTSTRAP", "SCALING_RL_OUT")
+
+
+@contextlib.contextmanager
+def _clean_env():
+    """The committed configuration: the notebook's own defaults, Agg backend, and a `python` on PATH that
+    is this interpreter (the python3 kernel spec launches `python`)."""
+    saved = dict(os.environ)
+    for k in VOLATILE_ENV:
+        os.environ.pop(k, None)
+    os.environ["MPLBACKEND"] = "Agg"
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + saved.get("PATH", "")
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def execute(nb: nbf.NotebookNode, timeout: int = 120) -> nbf.NotebookNode:
+    """Run every cell in a fresh kernel (in a temporary directory) and drop run-specific metadata."""
+    from nbclient import NotebookClient
+    with _clean_env(), tempfile.TemporaryDirectory() as tmp:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                       resources={"metadata": {"path": tmp}}).execute()
+    nb.metadata = {"kernelspec": nb.metadata["kernelspec"]}
+    for c in nb.cells:
+        c.metadata.pop("execution", None)
+    return nb
+
+
+def comparable(nb: nbf.NotebookNode) -> list:
+    """What the test compares, per code cell: stdout text and plain-text results verbatim, and the kinds of
+    rich output (a PNG's bytes depend on the matplotlib/freetype build, so figures are compared by count)."""
+    out = []
+    for c in nb.cells:
+        if c.cell_type != "code":
+            continue
+        items = []
+        for o in c.get("outputs", []):
+            if o["output_type"] == "stream":
+                if o["name"] == "stdout":
+                    items.append(("stdout", o["text"]))
+            elif o["output_type"] == "error":
+                items.append(("error", o["ename"], o["evalue"]))
+            else:
+                data = o.get("data", {})
+                items.append((o["output_type"], data.get("text/plain"), sorted(k for k in data if k != "text/plain")))
+        out.append(items)
+    return out
+
+
+def main() -> None:
+    from scaling_rl.io import atomic_write_text
+    nb = execute(build())
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o["output_type"] == "error"]
+    if errors:
+        sys.exit(f"error: the walkthrough raised {errors[0]['ename']}: {errors[0]['evalue']}; not written")
+    atomic_write_text(NOTEBOOK, nbf.writes(nb) + "\n")
+    os.chmod(NOTEBOOK, 0o644)
+    print(NOTEBOOK)
+
+
 if __name__ == "__main__":
-    nbf.write(build(), Path(__file__).with_name("walkthrough.ipynb"))
+    main()

@@ -59,6 +59,9 @@ def register(subparsers) -> None:
     p.add_argument("--select", choices=("aicc", "full"), default="aicc",
                    help="D_J(σ, N): choose among the nested laws by AICc (default) or always report the full law")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pool-tasks", action="store_true",
+                   help="pooled-task mode: divide each task's D_J by its median over the (σ, N) cells, fit one law "
+                        "and one σ*(F) across tasks; writes pooled.json and pooled.md")
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run_fit)
@@ -93,6 +96,11 @@ def run_fit(args) -> int:
         say(f"loading {args.results} ({args.metric})")
         curves = load_results(args.results, args.metric, param_count=args.param_count, steps=args.steps)
         say(f"{len(curves.curves)} configurations, tasks: {', '.join(curves.tasks)}")
+        if getattr(args, "pool_tasks", False):
+            from .pooled import pooled_fit, write_pooled
+            for path in write_pooled(pooled_fit(curves, settings, progress=say), out):
+                print(path)
+            return 0
         fit = analyze(curves, settings, progress=say)
     except ValueError as e:  # bad input, reported before anything is written
         raise UsageError(str(e)) from None

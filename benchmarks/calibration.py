@@ -1,0 +1,482 @@
+"""Calibration of the report's 90% intervals on synthetic studies unlike the analysis' own model.
+
+    .venv/bin/python benchmarks/calibration.py --quick            # a few minutes: 5 seeds, 6 studies/generator
+    .venv/bin/python benchmarks/calibration.py [--workers 16]      # full: 3, 5, 10 seeds × 40 studies/generator
+    .venv/bin/python benchmarks/calibration.py --resume            # continue an interrupted run from its cache
+    .venv/bin/python benchmarks/calibration.py --from-cache        # re-print the cached table
+    .venv/bin/python benchmarks/calibration.py --pooled            # coverage of `fit --pool-tasks` (3 tasks)
+
+Every study is run through the whole pipeline (`scaling.analyze`: seed bootstrap, best configuration per
+(σ, N) cell, WLS, law selection, allocation), exactly as `scaling-rl fit` would, at two fixed thresholds
+J = 0.3, 0.5 in the truth's return units (normalize="none"). Generators (a 5 σ × 4 N grid):
+
+  base         one configuration per cell, log-normal seed warp (sd 0.1 in log D): the benign case
+  tied-B       4 batch sizes per cell, all equally good (flat optimum: the min over configs is biased)
+  peaked-B     3 batch sizes per cell, a peaked optimum B*(σ) that moves with σ (κ = 0.3)
+  heavy-tail   seed effects Student-t with 3 dof (same sd), one configuration per cell
+  unequal      seeds per configuration drawn from n … 2n, one configuration per cell
+  coarse       12 log points per curve over 4 decades (D_J is interpolated between points 2.3× apart)
+  censored     the run stops before the slowest cells reach J = 0.5 (censored there)
+  interaction  a σ×N interaction outside the fitted family: a(J) grows with N as (N/1e5)^0.3
+
+Quantities and their targets (what a calibrated interval must cover):
+  D_J          every cell's D_J point at both thresholds; target = the generator's exact D_J of the best
+               configuration (truth × smallest slow-down among the configurations swept)
+  D_min, a, alpha, b, beta, sigma*, N*   at J = 0.5; target = the law fitted without noise to the exact
+               best-configuration D_J of every cell (the truth itself when it is in the family; for peaked-B
+               and interaction the law's best approximation on this design, what a fit can claim to cover),
+               and that law's compute-optimal (σ*, N*) with the true batch model (see `reference`).
+
+Coverage is the fraction of printed intervals that contain the target; a withheld interval (no numbers) is
+counted apart, not as a hit or a miss. The binomial interval (Wilson, 95%) uses the number of independent
+studies as n (intervals inside one study are correlated; for D_J the per-study coverages are pooled), so
+it is honest about the clustering. Rows outside 0.85–0.95 are flagged `LOW`/`HIGH`.
+
+Raw per-interval rows are cached (atomic write) in benchmarks/results/calibration[_quick].csv; the table is
+printed from them and written beside them as .md. The last line is `pooled_coverage=<x> [lo, hi]`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from scaling_rl.io import atomic_write_text
+from scaling_rl.scaling import allocation as alloc
+from scaling_rl.scaling import analysis, fitting, laws, report, synthetic
+from scaling_rl.scaling.data import Curve, CurveSet
+
+UTDS = tuple(np.geomspace(0.5, 8, 5))
+PARAMS = (1e5, 3e5, 1e6, 3e6)
+THRESHOLDS = (0.3, 0.5)
+J_LAW = 1                      # index of the threshold whose law / allocation is checked
+LAW_PARAMS = ("D_min", "a", "alpha", "b", "beta")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclasses.dataclass(frozen=True)
+class InteractionTruth(synthetic.Truth):
+    """a(J) grows with N: D_J = D_min·(1 + (a(J)·(N/1e5)^g/σ)^α + (b/N)^β) — not in the fitted family."""
+    g: float = 0.3
+
+    def D(self, J, sigma, N, task_index: int = 0):
+        p = self.params(J, task_index)
+        a = p["a"] * (np.asarray(N, float) / 1e5) ** self.g
+        return p["D_min"] * (1 + (a / np.asarray(sigma, float)) ** p["alpha"]
+                             + (p["b"] / np.asarray(N, float)) ** p["beta"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Generator:
+    name: str
+    truth: synthetic.Truth = synthetic.Truth()
+    batch_sizes: tuple = (np.nan,)
+    warp: str = "normal"           # "normal" | "t3"
+    unequal: bool = False
+    n_log: int = 120
+    log_spaced: bool = True
+    reach: float = 0.8             # run length: 1.25 × the slowest cell's D at this J
+    noise: float = 0.1
+    delta: float = 1.1e7           # FLOPs per env step: the reference optimum (σ*, N*) lies inside the box
+
+
+GENERATORS = (
+    Generator("base"),
+    Generator("tied-B", truth=synthetic.Truth(kappa=0.0), batch_sizes=(128, 256, 512, 1024), delta=1e10),
+    Generator("peaked-B", truth=synthetic.Truth(kappa=0.3), batch_sizes=(128, 512, 2048), delta=1e10),
+    Generator("heavy-tail", warp="t3"),
+    Generator("unequal", unequal=True),
+    Generator("coarse", n_log=12),
+    Generator("censored", reach=0.45),
+    Generator("interaction", truth=InteractionTruth()),
+)
+GEN = {g.name: g for g in GENERATORS}
+
+
+def make_curves(gen: Generator, seeds: int, rng: int) -> CurveSet:
+    """One study from `gen` with `seeds` seeds per configuration (n … 2n if gen.unequal)."""
+    r = np.random.default_rng(rng)
+    tr = gen.truth
+    cells = [(s, n, b) for s in UTDS for n in PARAMS for b in gen.batch_sizes]
+    slow = {c: tr.slowdown(c[0], c[2], np.nan) for c in cells}
+    t_max = 1.25 * max(tr.D(gen.reach, s, n) * slow[(s, n, b)] for s, n, b in cells)
+    if gen.reach < max(THRESHOLDS):
+        t_max /= 1.25
+    steps = (np.geomspace(t_max / 1e4, t_max, gen.n_log) if gen.log_spaced
+             else np.linspace(t_max / gen.n_log, t_max, gen.n_log))
+    curves = []
+    for s, n, b in cells:
+        S = int(r.integers(seeds, 2 * seeds + 1)) if gen.unequal else seeds
+        if gen.warp == "t3":
+            z = r.standard_t(3, S) / np.sqrt(3.0)     # unit variance, heavy tails
+        else:
+            z = r.standard_normal(S)
+        w = np.exp(gen.noise * z)
+        Y = np.stack([synthetic.return_curve(tr, steps / (slow[(s, n, b)] * wk), s, n, 0) for wk in w], axis=1)
+        Y = Y + 0.01 * r.standard_normal(Y.shape)
+        curves.append(Curve(task="task", utd=float(s), param_count=float(n), batch_size=float(b), lr=float("nan"),
+                            steps=steps.copy(), returns=Y))
+    return CurveSet(curves, "eval_return", source=f"calibration:{gen.name}")
+
+
+def true_D(gen: Generator, J: float, s: float, n: float) -> float:
+    tr = gen.truth
+    return float(tr.D(J, s, n) * min(tr.slowdown(s, b, np.nan) for b in gen.batch_sizes))
+
+
+def run_fit(gen: Generator, seeds: int, rng: int, n_bootstrap: int) -> dict:
+    cs = make_curves(gen, seeds, rng)
+    st = analysis.Settings(n_bootstrap=n_bootstrap, thresholds=list(THRESHOLDS), normalize="none", holdout=False,
+                           max_starts=4, delta=gen.delta, seed=rng)
+    return report.jsonable(analysis.analyze(cs, st))
+
+
+def _law_record(fit: dict) -> dict | None:
+    return next((r for r in fit["data_efficiency_sigma_n"] if r.get("j_index") == J_LAW and "params" in r), None)
+
+
+def _opt_record(fit: dict) -> dict | None:
+    return next((r for r in fit["allocation"]["per_threshold"] if r.get("j_index") == J_LAW), None)
+
+
+def law_quantities(fit: dict) -> dict[str, dict]:
+    """Interval records of the law parameters and σ*, N* at J_LAW (missing -> withheld with the reason)."""
+    out = {}
+    rec = _law_record(fit)
+    for k in LAW_PARAMS:
+        if rec is None:
+            out[k] = {"estimate": None, "lo": None, "hi": None, "reason": "no D_J(σ,N) fit at this J"}
+        elif k not in rec["params"]:
+            out[k] = {"estimate": None, "lo": None, "hi": None,
+                      "reason": f"not in the selected law ({rec.get('selected_law')})"}
+        else:
+            out[k] = rec["params"][k]
+    opt = _opt_record(fit)
+    for k, name in (("sigma", "sigma*"), ("N", "N*")):
+        iv = (opt or {}).get("intervals", {}).get(k)
+        if iv is None:
+            edge = (opt or {}).get("edge") or {}
+            out[name] = {"estimate": None, "lo": None, "hi": None,
+                         "reason": f"optimum on the box edge ({edge})" if edge else "no optimum at this J"}
+        else:
+            out[name] = iv
+    return out
+
+
+def true_batch_model(gen: Generator) -> alloc.BatchModel:
+    """The batch size the optimum uses in truth: B*(σ) where the optimum is peaked, the geometric mean of
+    the swept sizes where they tie (what the per-cell winners average to), B = 1 with no batch axis."""
+    b = np.asarray(gen.batch_sizes, float)
+    if not np.all(np.isfinite(b)):
+        return alloc.BatchModel.constant(1.0)
+    if gen.truth.kappa == 0:
+        return alloc.BatchModel.constant(float(np.exp(np.mean(np.log(b)))))
+    return alloc.BatchModel.power(gen.truth.B0, -gen.truth.s_B)
+
+
+def reference(gen_name: str) -> dict:
+    """Targets of the law quantities, noise-free: the law D_J(σ,N) fitted (unweighted, in log) to the exact
+    best-configuration D_J of every cell at THRESHOLDS[J_LAW] (= the truth's parameters when the truth is in
+    the family), and the compute-optimal (σ*, N*) of those parameters with the true batch model, in the
+    swept box (None when the optimum is on the box edge: those studies have no target)."""
+    gen = GEN[gen_name]
+    J = THRESHOLDS[J_LAW]
+    cells = [(s, n) for s in UTDS for n in PARAMS]
+    x = {"utd": np.array([c[0] for c in cells]), "param_count": np.array([c[1] for c in cells])}
+    ly = np.log([true_D(gen, J, s, n) for s, n in cells])
+    f = fitting.fit(fitting.make_problem(laws.DATA_EFFICIENCY_SIGMA_N, x, ly), ly)
+    p = f.params
+    opt = alloc.optimum(p, true_batch_model(gen), gen.delta, sigma_range=(min(UTDS), max(UTDS)),
+                        n_range=(min(PARAMS), max(PARAMS)))
+    inside = {k: lo * (1 + 1e-6) < opt[k] < hi * (1 - 1e-6)
+              for k, (lo, hi) in (("sigma", (min(UTDS), max(UTDS))), ("N", (min(PARAMS), max(PARAMS))))}
+    ref = {k: float(p[k]) for k in LAW_PARAMS}
+    for scale, expo in (("a", "alpha"), ("b", "beta")):
+        if ref[expo] > 5:  # the best approximation drops this term (exponent runs off): no target
+            ref[scale] = ref[expo] = None
+    return {"generator": gen_name, **ref,
+            "sigma*": float(opt["sigma"]) if inside["sigma"] else None,
+            "N*": float(opt["N"]) if inside["N"] else None, "rse_log": float(np.std(f.residuals))}
+
+
+def one_study(args) -> list[dict]:
+    gen_name, seeds, study, n_bootstrap, ref = args
+    gen = GEN[gen_name]
+    rng = 10_000 * seeds + study
+    try:
+        fit = run_fit(gen, seeds, rng, n_bootstrap)
+    except Exception as e:  # a failed analysis is a result, counted and shown
+        return [{"generator": gen_name, "seeds": seeds, "study": study, "quantity": "analysis", "cell": "",
+                 "target": np.nan, "estimate": np.nan, "lo": np.nan, "hi": np.nan, "status": "error",
+                 "reason": f"{type(e).__name__}: {e}"[:200]}]
+    rows = []
+
+    def add(q, cell, target, iv):
+        lo, hi = iv.get("lo"), iv.get("hi")
+        if target is None or not np.isfinite(target):
+            status, reason = "no-target", "reference has no value"
+        elif lo is None or hi is None:
+            status = "withheld"
+            reason = (f"not identified ({iv['not_identified']})" if iv.get("not_identified")
+                      else iv.get("reason") or "no interval (no reason given)")
+        else:
+            status, reason = ("hit" if lo <= target <= hi else "miss"), ""
+        rows.append({"generator": gen_name, "seeds": seeds, "study": study, "quantity": q, "cell": cell,
+                     "target": np.nan if target is None else float(target),
+                     "estimate": np.nan if iv.get("estimate") is None else float(iv["estimate"]),
+                     "lo": np.nan if lo is None else float(lo), "hi": np.nan if hi is None else float(hi),
+                     "status": status, "reason": reason})
+
+    for p in fit["points"]:
+        J = THRESHOLDS[p["j_index"]]
+        iv = dict(p.get("D_interval") or {})
+        iv["estimate"] = p["D"]
+        if p.get("censored"):
+            iv.setdefault("reason", "censored")
+        add("D_J", f"J={J} σ={p['utd']:.3g} N={p['param_count']:.3g}", true_D(gen, J, p["utd"], p["param_count"]), iv)
+    for q, iv in law_quantities(fit).items():
+        add(q, "", ref.get(q), iv)
+    return rows
+
+
+def wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    if n <= 0:
+        return float("nan"), float("nan")
+    p = k / n
+    c = (p + z * z / (2 * n)) / (1 + z * z / n)
+    h = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def summarize(raw: pd.DataFrame) -> pd.DataFrame:
+    """Coverage per generator × seeds × quantity; binomial interval with n = independent studies."""
+    rows = []
+    for (g, s, q), d in raw[raw["quantity"] != "analysis"].groupby(["generator", "seeds", "quantity"], sort=False):
+        printed = d[d["status"].isin(["hit", "miss"])]
+        per_study = printed.groupby("study")["status"].apply(lambda x: np.mean(x == "hit"))
+        n_st = len(per_study)
+        cov = float(np.mean(printed["status"] == "hit")) if len(printed) else float("nan")
+        lo, hi = wilson(cov * n_st, n_st) if n_st else (float("nan"), float("nan"))
+        withheld = d[d["status"] == "withheld"]
+        reasons = withheld["reason"].value_counts()
+        flag = "" if not n_st else ("LOW" if hi < 0.85 else "HIGH" if lo > 0.95 else
+                                    "low?" if cov < 0.85 else "high?" if cov > 0.95 else "")
+        rows.append({"generator": g, "seeds": int(s), "quantity": q, "intervals": len(printed), "studies": n_st,
+                     "coverage": cov, "lo": lo, "hi": hi, "withheld": len(withheld),
+                     "why": reasons.index[0][:60] if len(reasons) else "", "flag": flag})
+    return _ordered(pd.DataFrame(rows))
+
+
+def _ordered(tab: pd.DataFrame) -> pd.DataFrame:
+    """Rows in GENERATORS order, then seeds, then quantity (D_J, law parameters, optimum)."""
+    if not len(tab):
+        return tab
+    order = {g: i for i, g in enumerate(GEN)}
+    qorder = {q: i for i, q in enumerate(("D_J", *LAW_PARAMS, "sigma*", "N*"))}
+    keys = [k for k in ("generator", "seeds", "quantity") if k in tab]
+    return tab.sort_values(keys, key=lambda c: c.map(order) if c.name == "generator" else
+                           c.map(qorder) if c.name == "quantity" else c, kind="stable").reset_index(drop=True)
+
+
+def by_quantity(raw: pd.DataFrame) -> pd.DataFrame:
+    """Coverage per quantity pooled over generators and seeds (Wilson, n = studies that printed one)."""
+    rows = []
+    printed = raw[raw["status"].isin(["hit", "miss"])]
+    for q in dict.fromkeys(printed["quantity"]):
+        d = printed[printed["quantity"] == q]
+        n_st = d.groupby(["generator", "seeds", "study"]).ngroups
+        cov = float(np.mean(d["status"] == "hit"))
+        lo, hi = wilson(cov * n_st, n_st)
+        rows.append({"quantity": q, "coverage": cov, "lo": lo, "hi": hi, "intervals": len(d), "studies": n_st,
+                     "withheld": int(((raw["quantity"] == q) & (raw["status"] == "withheld")).sum())})
+    return pd.DataFrame(rows)
+
+
+def diagnose(raw: pd.DataFrame) -> pd.DataFrame:
+    """Why a row misses, per generator × quantity (seeds pooled): each printed interval's error in its own
+    units, z = log(estimate/target) / (half-width/z₀.₉₅) (on the side the target lies). Calibrated: rms z ≈ 1;
+    rms z > 1: intervals too narrow by that factor; mean z ≠ 0: off-centre (bias) — e.g. selection bias."""
+    d = raw[raw["status"].isin(["hit", "miss"])].copy()
+    le = np.log(d["estimate"] / d["target"])
+    half = np.where(le > 0, np.log(d["estimate"] / d["lo"]), np.log(d["hi"] / d["estimate"])) / 1.6449
+    d["z"] = le / np.maximum(half, 1e-12)
+    d["le"] = le
+    g = d.groupby(["generator", "quantity"], sort=False).agg(
+        n=("z", "size"), coverage=("status", lambda x: float(np.mean(x == "hit"))),
+        bias_log=("le", "mean"), mean_z=("z", "mean"), rms_z=("z", lambda x: float(np.sqrt(np.mean(x ** 2))))
+    ).reset_index()
+    return _ordered(g)
+
+
+def compact(tab: pd.DataFrame) -> str:
+    """generator × seeds rows, one column per quantity: coverage (printed intervals), ↓/↑ where the Wilson
+    interval lies wholly below 0.85 / above 0.95, "w" where every interval was withheld."""
+    qs = list(dict.fromkeys(tab["quantity"]))
+    lines = ["| generator | seeds | " + " | ".join(qs) + " |", "|---|---|" + "---|" * len(qs)]
+    for (g, s), d in tab.groupby(["generator", "seeds"], sort=False):
+        cells = []
+        for q in qs:
+            r = d[d["quantity"] == q]
+            if not len(r):
+                cells.append("")
+                continue
+            r = r.iloc[0]
+            if not r["intervals"]:
+                cells.append("w" if r["withheld"] else "–")
+                continue
+            mark = "↓" if r["flag"] == "LOW" else "↑" if r["flag"] == "HIGH" else ""
+            cells.append(f"{r['coverage']:.2f}{mark} ({r['intervals']})")
+        lines.append(f"| {g} | {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render(tab: pd.DataFrame, raw: pd.DataFrame, title: str) -> str:
+    lines = [f"# {title}", "",
+             "| generator | seeds | quantity | coverage [95% Wilson, n = studies] | intervals | withheld | flag |",
+             "|---|---|---|---|---|---|---|"]
+    for r in tab.itertuples():
+        cov = "—" if not np.isfinite(r.coverage) else f"{r.coverage:.2f} [{r.lo:.2f}, {r.hi:.2f}]"
+        wh = f"{r.withheld}" + (f" ({r.why})" if r.withheld else "")
+        lines.append(f"| {r.generator} | {r.seeds} | {r.quantity} | {cov} | {r.intervals} | {wh} | {r.flag} |")
+    printed = raw[raw["status"].isin(["hit", "miss"])]
+    errors = int((raw["status"] == "error").sum())
+    cov = float(np.mean(printed["status"] == "hit")) if len(printed) else float("nan")
+    n_st = raw.groupby(["generator", "seeds", "study"]).ngroups
+    lo, hi = wilson(cov * n_st, n_st)
+    lines += ["", f"pooled over {len(printed)} printed intervals from {n_st} studies: coverage {cov:.3f} "
+                  f"[{lo:.3f}, {hi:.3f}]; analyses that raised: {errors}; withheld: "
+                  f"{int((raw['status'] == 'withheld').sum())}",
+              "", "per quantity, pooled over generators and seeds:", "",
+              "| quantity | coverage [95% Wilson, n = studies] | intervals | studies | withheld |", "|---|---|---|---|---|",
+              *[f"| {r.quantity} | {r.coverage:.3f} [{r.lo:.3f}, {r.hi:.3f}] | {r.intervals} | {r.studies} | "
+                f"{r.withheld} |" for r in by_quantity(raw).itertuples()],
+              "", "compact (coverage (printed intervals); ↓/↑ Wilson interval wholly below 0.85 / above 0.95; "
+                  "w = all withheld):", "", compact(tab),
+              "", "diagnostics (seeds pooled; z = error in units of the interval's own sd; calibrated: rms z ≈ 1, mean z ≈ 0):", "",
+              diagnose(raw).round(3).to_string(index=False),
+              "", f"pooled_coverage={cov:.3f} [{lo:.3f}, {hi:.3f}]"]
+    return "\n".join(lines)
+
+
+POOL_TASKS = ("t0", "t1", "t2")     # synthetic.Truth.task_scale: D_J × 1.0, 1.7, 0.6
+
+
+def pooled_study(args) -> list[dict]:
+    """`--pool-tasks` on 3 tasks that differ by a scale: coverage of the pooled law's parameters at J_LAW.
+    Target: the truth divided by its median over the cells (the same for every task), fitted without noise."""
+    from scaling_rl.scaling.pooled import pooled_fit
+    seeds, study, K = args
+    truth = synthetic.Truth()
+    cs = synthetic.make_study(truth, utds=UTDS, param_counts=PARAMS, tasks=POOL_TASKS, seeds=seeds, noise=0.1,
+                              n_log=120, log_spaced=True, rng=20_000 * seeds + study)
+    st = analysis.Settings(n_bootstrap=K, thresholds=list(THRESHOLDS), normalize="none", max_starts=4, delta=1.1e7,
+                           seed=study)
+    res = report.jsonable(pooled_fit(cs, st))
+    J = THRESHOLDS[J_LAW]
+    cells = [(s, n) for s in UTDS for n in PARAMS]
+    D = np.array([truth.D(J, s, n) for s, n in cells])
+    ly = np.log(D / np.median(D))
+    x = {"utd": np.array([c[0] for c in cells]), "param_count": np.array([c[1] for c in cells])}
+    target = fitting.fit(fitting.make_problem(laws.DATA_EFFICIENCY_SIGMA_N, x, ly), ly).params
+    row = next(r for r in res["per_threshold"] if r["j_index"] == J_LAW)
+    out = []
+    for k in LAW_PARAMS:
+        iv = row["fit"]["params"][k]
+        lo, hi = iv.get("lo"), iv.get("hi")
+        status = "withheld" if lo is None or hi is None else ("hit" if lo <= target[k] <= hi else "miss")
+        out.append({"generator": "pooled-3-tasks", "seeds": seeds, "study": study, "quantity": k, "cell": "",
+                    "target": float(target[k]), "estimate": iv.get("estimate"), "lo": lo, "hi": hi,
+                    "status": status, "reason": iv.get("reason") or iv.get("not_identified") or ""})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="5 seeds, 6 studies per generator, 40 resamples")
+    ap.add_argument("--studies", type=int, default=None, help="independent studies per generator × seeds")
+    ap.add_argument("--seeds", default=None, help="comma-separated seed counts (default 3,5,10; quick: 5)")
+    ap.add_argument("--generators", default=None, help="comma-separated subset of: " + ", ".join(GEN))
+    ap.add_argument("--bootstrap", type=int, default=None, help="seed-bootstrap resamples (default 100; quick 40)")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--out", default=None, help="raw-row cache (.csv); default benchmarks/results/calibration[_quick].csv")
+    ap.add_argument("--resume", action="store_true", help="keep the cached studies and run only the missing ones")
+    ap.add_argument("--save-every", type=int, default=10, help="rewrite the cache after this many studies")
+    ap.add_argument("--from-cache", action="store_true", help="print the table from the cache, compute nothing")
+    ap.add_argument("--pooled", action="store_true",
+                    help="instead: coverage of `fit --pool-tasks` (3 tasks differing by a scale), cache calibration_pooled.csv")
+    args = ap.parse_args(argv)
+    if args.pooled:
+        out = Path(args.out) if args.out else RESULTS / "calibration_pooled.csv"
+        seeds = [int(s) for s in (args.seeds or "5").split(",")]
+        jobs = [(s, i, args.bootstrap or 60) for i in range(args.studies or 12) for s in seeds]
+        with ProcessPoolExecutor(max_workers=args.workers) as ex:
+            raw = pd.DataFrame([r for rows in ex.map(pooled_study, jobs) for r in rows])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, raw.to_csv(index=False))
+        text = render(summarize(raw), raw, "calibration of `fit --pool-tasks` (3 tasks, scales 1, 1.7, 0.6)")
+        atomic_write_text(out.with_suffix(".md"), text + "\n")
+        print(text)
+        return 0
+    out = Path(args.out) if args.out else RESULTS / ("calibration_quick.csv" if args.quick else "calibration.csv")
+    title = "calibration of 90% intervals" + (" (quick)" if args.quick else "")
+    if args.from_cache:
+        if not out.exists():
+            print(f"error: no cache at {out}; run without --from-cache first", file=sys.stderr)
+            return 2
+        raw = pd.read_csv(out, keep_default_na=False, na_values=[""])
+        print(render(summarize(raw), raw, title))
+        return 0
+    try:
+        seeds = [int(s) for s in (args.seeds or ("5" if args.quick else "3,5,10")).split(",")]
+        gens = (args.generators or ",".join(GEN)).split(",")
+    except ValueError:
+        print(f"error: --seeds must be comma-separated integers, got {args.seeds!r}", file=sys.stderr)
+        return 2
+    bad = [g for g in gens if g not in GEN]
+    if bad or min(seeds) < 2:
+        print(f"error: unknown generator(s) {bad} (known: {', '.join(GEN)})" if bad else
+              "error: --seeds needs at least 2 seeds per configuration", file=sys.stderr)
+        return 2
+    studies = args.studies or (6 if args.quick else 40)
+    K = args.bootstrap or (40 if args.quick else 100)
+    t0 = time.perf_counter()
+    done = pd.DataFrame()
+    if args.resume and out.exists():  # studies already in the cache are not run again
+        done = pd.read_csv(out, keep_default_na=False, na_values=[""])
+        done = done[done["generator"].isin(gens) & done["seeds"].isin(seeds)]
+    have = set(map(tuple, done[["generator", "seeds", "study"]].drop_duplicates().to_numpy().tolist())) if len(done) else set()
+    rows = done.to_dict("records")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():  # atomic: an interrupted run leaves the last complete cache
+        atomic_write_text(out, pd.DataFrame(rows).to_csv(index=False))
+
+    with ProcessPoolExecutor(max_workers=args.workers) as ex:
+        refs = {r["generator"]: r for r in ex.map(reference, gens)}
+        # interleaved (study-major) so a partial run covers every generator × seeds evenly
+        jobs = [(g, s, i, K, refs[g]) for i in range(studies) for s in seeds for g in gens if (g, s, i) not in have]
+        futures = [ex.submit(one_study, j) for j in jobs]
+        for n_done, fut in enumerate(as_completed(futures), 1):
+            rows.extend(fut.result())
+            if n_done % args.save_every == 0:
+                save()
+    save()
+    raw = pd.read_csv(out, keep_default_na=False, na_values=[""])
+    tab = summarize(raw)
+    text = render(tab, raw, title)
+    atomic_write_text(out.with_suffix(".md"), text + "\n\nreference targets (noise-free):\n\n"
+                      + pd.DataFrame(list(refs.values())).to_string(index=False) + "\n")
+    print(text)
+    print(f"[{len(jobs)} studies, {time.perf_counter() - t0:.0f} s, cache {out}]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

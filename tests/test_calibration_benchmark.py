@@ -1,0 +1,74 @@
+"""The machinery of benchmarks/calibration.py (tiny: the coverage numbers themselves come from the benchmark)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scaling_rl.scaling import synthetic
+
+_spec = importlib.util.spec_from_file_location(
+    "calibration", Path(__file__).resolve().parents[1] / "benchmarks" / "calibration.py")
+cal = importlib.util.module_from_spec(_spec)
+sys.modules["calibration"] = cal   # its dataclasses look their module up
+_spec.loader.exec_module(cal)
+
+
+def test_generators_differ_as_documented():
+    base = cal.make_curves(cal.GEN["base"], 3, 0)
+    assert len(base.curves) == 20 and {c.n_seeds for c in base.curves} == {3}
+    tied = cal.make_curves(cal.GEN["tied-B"], 3, 0)
+    assert len(tied.curves) == 80 and len({c.batch_size for c in tied.curves}) == 4
+    uneq = cal.make_curves(cal.GEN["unequal"], 3, 0)
+    assert {c.n_seeds for c in uneq.curves} <= set(range(3, 7)) and len({c.n_seeds for c in uneq.curves}) > 1
+    assert len(cal.make_curves(cal.GEN["coarse"], 3, 0).curves[0].steps) == 12
+    cens = cal.make_curves(cal.GEN["censored"], 3, 0)
+    reached = [np.max(c.returns.mean(axis=1)) >= 0.5 for c in cens.curves]
+    assert 0 < sum(reached) < len(reached)        # some cells never reach J = 0.5, others do
+    # the truth's D_J of a cell's best configuration: tied sizes cost nothing, peaked ones do
+    assert cal.true_D(cal.GEN["tied-B"], 0.5, 1.0, 1e5) == pytest.approx(synthetic.Truth().D(0.5, 1.0, 1e5))
+    assert cal.true_D(cal.GEN["peaked-B"], 0.5, 2.0, 1e5) > 1.01 * synthetic.Truth().D(0.5, 2.0, 1e5)  # B* = 388
+    it = cal.InteractionTruth()
+    assert it.D(0.5, 1.0, 1e6) / synthetic.Truth().D(0.5, 1.0, 1e6) > it.D(0.5, 1.0, 1e5) / synthetic.Truth().D(0.5, 1.0, 1e5)
+
+
+def test_reference_is_the_truth_inside_the_family_and_drops_vanishing_terms_outside():
+    ref = cal.reference("base")
+    p = synthetic.Truth().params(0.5)
+    for k in cal.LAW_PARAMS:
+        assert ref[k] == pytest.approx(p[k], rel=1e-6)
+    assert 0.5 < ref["sigma*"] < 8 and 1e5 < ref["N*"] < 3e6
+    inter = cal.reference("interaction")
+    assert inter["b"] is None and inter["beta"] is None and inter["rse_log"] > 0.05
+
+
+def test_summary_counts_hits_withheld_and_a_binomial_interval_over_studies():
+    rows = []
+    for study in range(20):
+        for q, status in (("alpha", "hit" if study < 17 else "miss"), ("sigma*", "withheld")):
+            rows.append({"generator": "g", "seeds": 5, "study": study, "quantity": q, "status": status,
+                         "reason": "optimum on the box edge" if status == "withheld" else ""})
+    tab = cal.summarize(pd.DataFrame(rows)).set_index("quantity")
+    a = tab.loc["alpha"]
+    assert a["coverage"] == pytest.approx(0.85) and a["studies"] == 20 and a["withheld"] == 0
+    assert a["lo"] == pytest.approx(0.6396, abs=1e-3) and a["hi"] == pytest.approx(0.9476, abs=1e-3)  # Wilson 17/20
+    s = tab.loc["sigma*"]
+    assert s["intervals"] == 0 and s["withheld"] == 20 and s["why"] == "optimum on the box edge"
+
+
+def test_one_study_checks_every_printed_interval_and_the_cli_rejects_bad_input(tmp_path, capsys):
+    gen = cal.GEN["base"]
+    rows = pd.DataFrame(cal.one_study(("base", 4, 0, 20, cal.reference("base"))))
+    dj = rows[rows["quantity"] == "D_J"]
+    assert len(dj) == 40 and set(rows["status"]) <= {"hit", "miss", "withheld", "no-target"}
+    r = dj.iloc[0]
+    assert r["target"] == pytest.approx(cal.true_D(gen, 0.3, cal.UTDS[0], cal.PARAMS[0]))
+    printed = dj[dj["status"].isin(["hit", "miss"])]
+    inside = (printed["lo"] <= printed["target"]) & (printed["target"] <= printed["hi"])
+    assert ((printed["status"] == "hit") == inside).all() and len(printed) > 30
+    assert set(rows["quantity"]) == {"D_J", *cal.LAW_PARAMS, "sigma*", "N*"}
+    assert cal.main(["--from-cache", "--out", str(tmp_path / "none.csv")]) == 2
+    assert cal.main(["--generators", "nope", "--out", str(tmp_path / "x.csv")]) == 2
+    assert "unknown generator" in capsys.readouterr().err
