@@ -193,11 +193,9 @@ def main(argv=None) -> int:
             py, notes = filtered_interpreter(args.python, work / "image", allowed)
         for n in notes:
             print(f"gpu_emulate: {n}", flush=True)
-        repo, out, binp = work / "repo", work / "out", work / "bin"
-        for d in (repo, out, binp):
+        repo, out, binp = work / "repo", work / "out", py.parent   # the venv's bin: python3 resolves there
+        for d in (repo, out):
             d.mkdir()
-        (binp / "python3").symlink_to(py)
-        (binp / "python").symlink_to(py)
         size = copy_tree(ROOT, repo, [".whl"])
         print(f"gpu_emulate: working tree that travels: {size / 2 ** 20:.1f} MiB (limit 64)", flush=True)
         if size > CARRY_LIMIT:

@@ -66,7 +66,7 @@ def section_a(dry: bool) -> None:
 
     from scaling_rl import nets
 
-    n = 512 if dry else 8192
+    n = 256 if dry else 8192
     x = jnp.ones((n, n), jnp.bfloat16)
     dot = jax.jit(lambda a, b: a @ b)
     timed(dot, x, x)
@@ -78,7 +78,7 @@ def section_a(dry: bool) -> None:
     emit("| depth | width | batch | compile s | step ms | matmul TFLOP/s | MFU vs 989 | vs jnp.dot |")
     emit("|---:|---:|---:|---:|---:|---:|---:|---:|")
     in_dim = 64
-    points = ([(4, 64, 64), (8, 32, 32)] if dry else
+    points = ([(4, 16, 16)] if dry else
               [(16, 2048, 4096)] + [(64, w, b) for w in (256, 512, 1024) for b in (256, 1024)])
     for depth, width, batch in points:
         cfg = nets.BackboneConfig(kind="crl", width=width, depth=depth, compute_dtype="bfloat16")
@@ -115,9 +115,9 @@ def section_b(dry: bool) -> None:
     bench = str(ROOT / "benchmarks" / "crl_throughput.py")
     common = [sys.executable, bench, "--compute-dtype", "bfloat16"]
     if dry:
-        both = ["--depths", "4,8", "--width", "16", "--batch-size", "16", "--repeats", "2",
+        both = ["--depths", "4", "--width", "8", "--batch-size", "8", "--repeats", "1",
                 "--unrolled-compile-limit", "60"]
-        alone = ["--depths", "16", "--width", "16", "--batch-size", "16", "--repeats", "2", "--no-unrolled"]
+        alone = ["--depths", "8", "--width", "8", "--batch-size", "8", "--repeats", "1", "--no-unrolled"]
     else:
         both = ["--depths", "16,64", "--width", "256", "--batch-size", "256", "--repeats", "10",
                 "--unrolled-compile-limit", "40"]
@@ -135,9 +135,9 @@ def _crl_config(dry: bool, depth: int, **kw):
     from scaling_rl.agents import crl
 
     if dry:
-        base = dict(env="point_maze/big_maze", num_envs=16, batch_size=32, width=32, utd=1 / 16,
-                    chunk_env_steps=16 * 16, learning_starts=64, episode_length=50, eval_episodes=8,
-                    buffer_size=16 * 64, repr_dim=16)
+        base = dict(env="point_maze/big_maze", num_envs=4, batch_size=8, width=8, utd=1 / 8,
+                    chunk_env_steps=4 * 8, learning_starts=8, episode_length=10, eval_episodes=2,
+                    buffer_size=4 * 16, repr_dim=4)
     else:
         base = dict(env="point_maze/big_maze", num_envs=512, batch_size=512, width=256, utd=1 / 40,
                     chunk_env_steps=512 * 100, learning_starts=512 * 4, episode_length=200,
@@ -153,7 +153,7 @@ def section_c(dry: bool) -> None:
     from scaling_rl.agents import crl
 
     t_launch = float(os.environ.get("GPU_RUN_T0", time.time()))
-    depth = 8 if dry else 64
+    depth = 4 if dry else 64
     cfg = _crl_config(dry, depth, compute_dtype="bfloat16")
     agent = crl.make(cfg)
     t0 = time.perf_counter()
@@ -178,8 +178,8 @@ def section_d(dry: bool) -> None:
 
     from scaling_rl.agents import crl
 
-    seeds = 8
-    cfg = (_crl_config(True, 4) if dry else
+    seeds = 2 if dry else 8
+    cfg = (_crl_config(True, 4, env_steps=8 + 32) if dry else
            _crl_config(False, 4, num_envs=64, batch_size=256, chunk_env_steps=64 * 64, learning_starts=256,
                        utd=1 / 16, buffer_size=64 * 256, eval_episodes=16))
     train = crl.make_train(cfg)
