@@ -64,7 +64,8 @@ import importlib.metadata as m, json, sys
 rows = []
 for d in m.distributions():
     files = [str(f) for f in (d.files or [])]
-    rows.append([d.metadata["Name"], d.version, str(d.locate_file("")), files])
+    reqs = [r for r in (d.requires or []) if "extra ==" not in r and "extra==" not in r]
+    rows.append([d.metadata["Name"], d.version, str(d.locate_file("")), files, reqs])
 json.dump(rows, sys.stdout)
 """
 
@@ -82,19 +83,38 @@ def filtered_interpreter(python: str, dest: Path, allowed: dict[str, str | None]
                                capture_output=True, text=True, check=True).stdout.strip())
     rows = json.loads(subprocess.run([python, "-c", _LISTING], capture_output=True, text=True,
                                      check=True).stdout)
-    notes, seen = [], set()
-    for name, version, location, files in rows:
-        key = norm(name)
-        if key not in allowed or key in seen:
-            continue
-        seen.add(key)
-        if allowed[key] and allowed[key] != version:
-            notes.append(f"{name}: {version} here, {allowed[key]} on the device image")
-        tops = {f.split("/", 1)[0] for f in files if not f.startswith("..")}
-        for top in tops:
+    by_name = {}
+    for row in rows:
+        by_name.setdefault(norm(row[0]), row)
+
+    def link(row) -> None:
+        location, files = row[2], row[3]
+        for top in {f.split("/", 1)[0] for f in files if not f.startswith("..")}:
             src, dst = Path(location) / top, site / top
             if src.exists() and not dst.exists() and not top.endswith(".pth") and top != "__editable__":
                 dst.symlink_to(src)
+
+    notes, seen = [], set()
+    for key, row in by_name.items():
+        if key not in allowed:
+            continue
+        seen.add(key)
+        if allowed[key] and allowed[key] != row[1]:
+            notes.append(f"{row[0]}: {row[1]} here, {allowed[key]} on the device image")
+        link(row)
+    # a version installed here may need a package the image's version does not (huggingface_hub 2.x
+    # needs httpx2; the image's 1.33 needs httpx): link such requirements too, and say so
+    todo = sorted(seen)
+    while todo:
+        key = todo.pop()
+        for req in by_name[key][4]:
+            dep = norm(re.split(r"[\s;<>=!~\[(]", req.strip(), maxsplit=1)[0])
+            if dep and dep not in allowed and dep in by_name and dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+                link(by_name[dep])
+                notes.append(f"{by_name[dep][0]} {by_name[dep][1]}: not on the image, linked because "
+                             f"{by_name[key][0]} {by_name[key][1]} here requires it")
     missing = sorted(k for k in allowed if k not in seen)
     notes.append(f"{len(seen)} image packages linked; not installed here (so not importable in the "
                  f"emulation either): {len(missing)}")
@@ -171,7 +191,7 @@ def main(argv=None) -> int:
                    help="interpreter whose packages are filtered to the image's (default: the project venv)")
     p.add_argument("--exact", metavar="DIR", help="use (build once) a venv of the pinned versions at DIR")
     p.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (default: a temporary folder)")
-    p.add_argument("--timeout", type=float, default=540, help="seconds for the whole run (device: 600)")
+    p.add_argument("--timeout", type=float, default=1500, help="seconds for the whole run (the device allows 600 for the real one)")
     p.add_argument("run_args", nargs="*", default=None, help="arguments of run.sh (default: --dry)")
     args = p.parse_args(argv)
     run_args = args.run_args or ["--dry"]
