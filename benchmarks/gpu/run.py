@@ -9,7 +9,7 @@
      only where it compiles inside its limit), then scanned alone at 256 and 1024
      (benchmarks/crl_throughput.py: step-time ratio, XLA's peak bytes).
   c  launch -> first trained chunk at depth 64 on the goal task point_maze/big_maze (512 envs, batch
-     512, width 256, utd 1/40, 51,200 env steps a chunk): seconds from this section's process start.
+     512, width 256, utd 1/40, 25,600 env steps a chunk): seconds from this section's process start.
   d  seeds in one program: 8 CRL seeds vmapped in one jitted train vs 8 sequential calls of the 1-seed
      program (same work; compile excluded): speedup.
   e  CRL depth 4 vs 16 vs 64 on point_maze/big_maze at the paper's width/batch (256/512), 4 seeds
@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PEAK = 989e12                       # H200 SXM dense BF16 FLOP/s (spec sheet)
 SECTIONS = "abcdef"
-BUDGET_S = {"a": 50, "b": 120, "c": 60, "d": 50, "e": 140, "f": 120}    # 540 s in all
+BUDGET_S = {"a": 50, "b": 120, "c": 60, "d": 60, "e": 130, "f": 120}    # 540 s in all
 DRY_BUDGET_S = {**{k: 120 for k in SECTIONS}, "e": 300, "f": 200}   # loaded 2-core box
 TITLES = {"a": "backbone fwd+bwd throughput, bf16 (MFU)",
           "b": "CRL update: scanned vs unrolled, bf16",
@@ -101,14 +101,20 @@ def section_a(dry: bool) -> None:
 
 def _run_child(cmd: list[str], budget: float) -> int:
     """A child process whose lines are passed through as they come; killed at `budget` seconds."""
+    import threading
+
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    th = threading.Thread(target=lambda: [emit(line.rstrip()) for line in proc.stdout], daemon=True)
+    th.start()
     try:
-        for line in proc.stdout:
-            emit(line.rstrip())
-        return proc.wait(timeout=max(1.0, budget))
+        rc = proc.wait(timeout=max(1.0, budget))
     except subprocess.TimeoutExpired:
         proc.kill()
-        return 124
+        proc.wait()
+        emit(f"stopped after {budget:.0f} s")
+        rc = 124
+    th.join(timeout=5)
+    return rc
 
 
 def section_b(dry: bool) -> None:
@@ -124,7 +130,7 @@ def section_b(dry: bool) -> None:
         alone = ["--depths", "256,1024", "--width", "256", "--batch-size", "256", "--repeats", "10",
                  "--no-unrolled"]
     emit("-- scanned vs unrolled --")
-    rc = _run_child(common + both, 80 if not dry else 100)
+    rc = _run_child(common + both, 70 if not dry else 100)
     emit("-- scanned alone --")
     rc2 = _run_child(common + alone, 45 if not dry else 100)
     if rc or rc2:
@@ -140,7 +146,7 @@ def _crl_config(dry: bool, depth: int, **kw):
                     buffer_size=4 * 16, repr_dim=4)
     else:
         base = dict(env="point_maze/big_maze", num_envs=512, batch_size=512, width=256, utd=1 / 40,
-                    chunk_env_steps=512 * 100, learning_starts=512 * 4, episode_length=200,
+                    chunk_env_steps=512 * 50, learning_starts=512 * 4, episode_length=200,
                     eval_episodes=64, buffer_size=512 * 1000)
     base.update(kw)
     base.setdefault("env_steps", base["learning_starts"] + 3 * base["chunk_env_steps"])
