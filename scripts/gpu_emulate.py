@@ -190,6 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"),
                    help="interpreter whose packages are filtered to the image's (default: the project venv)")
     p.add_argument("--exact", metavar="DIR", help="use (build once) a venv of the pinned versions at DIR")
+    p.add_argument("--wheels", metavar="DIR", default=str(ROOT / ".whl"),
+                   help="wheels to carry as the repository's .whl/ (default: ./.whl, as the device call carries it)")
     p.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (default: a temporary folder)")
     p.add_argument("--timeout", type=float, default=1500, help="seconds for the whole run (the device allows 600 for the real one)")
     p.add_argument("run_args", nargs="*", default=None, help="arguments of run.sh (default: --dry)")
@@ -216,7 +218,14 @@ def main(argv=None) -> int:
         repo, out, binp = work / "repo", work / "out", py.parent   # the venv's bin: python3 resolves there
         for d in (repo, out):
             d.mkdir()
-        size = copy_tree(ROOT, repo, [".whl"])
+        size = copy_tree(ROOT, repo, [])
+        wheels = sorted(Path(args.wheels).glob("*.whl")) if Path(args.wheels).is_dir() else []
+        if wheels:
+            (repo / ".whl").mkdir(exist_ok=True)
+            for w in wheels:
+                shutil.copy2(w, repo / ".whl" / w.name)
+                size += w.stat().st_size
+        print(f"gpu_emulate: {len(wheels)} carried wheel(s)", flush=True)
         print(f"gpu_emulate: working tree that travels: {size / 2 ** 20:.1f} MiB (limit 64)", flush=True)
         if size > CARRY_LIMIT:
             print(f"gpu_emulate: the working tree ({size} bytes) is over the 64 MiB limit", file=sys.stderr)

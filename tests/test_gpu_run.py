@@ -73,9 +73,11 @@ def test_without_a_gpu_the_run_stops_at_once_with_one_line(tmp_path):
 def test_emulated_dry_run_on_the_image_packages(tmp_path):
     python = ROOT / ".venv" / "bin" / "python"
     python = str(python if python.exists() else sys.executable)
-    work = tmp_path / "emu"
+    work, wheels = tmp_path / "emu", tmp_path / "whl"
+    wheels.mkdir()
+    _tiny_wheel(wheels / "gpu_probe-0.1-py3-none-any.whl")
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_emulate.py"), "--python", python,
-                           "--keep", str(work), "--timeout", "400", "--", "--dry", "--sections", "a,c"],
+                           "--keep", str(work), "--wheels", str(wheels), "--timeout", "400", "--", "--dry", "--sections", "a,c"],
                           capture_output=True, text=True, timeout=450)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     assert "gpu_emulate ok" in proc.stdout.splitlines()[-1]
@@ -93,3 +95,20 @@ def test_emulated_dry_run_on_the_image_packages(tmp_path):
                             "print([m for m in ('brax', 'gymnax', 'wandb', 'scaling_rl', 'jax', 'flax') "
                             "if u.find_spec(m)])"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert probe.stdout.strip() == "['jax', 'flax']", probe.stdout + probe.stderr
+    # the carried wheel went in with the device README's pip line, into the site run.sh put on PYTHONPATH
+    assert (work / "site" / "gpu_probe.py").read_text() == "VALUE = 42\n"
+    assert "1 carried wheel(s)" in proc.stdout
+
+
+def _tiny_wheel(path: Path) -> None:
+    """A minimal pure-Python wheel (module gpu_probe) to carry the way the device call carries one."""
+    import zipfile
+
+    meta = "gpu_probe-0.1.dist-info"
+    files = {"gpu_probe.py": "VALUE = 42\n",
+             f"{meta}/METADATA": "Metadata-Version: 2.1\nName: gpu_probe\nVersion: 0.1\n",
+             f"{meta}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{name},,\n" for name in files) + f"{meta}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in {**files, f"{meta}/RECORD": record}.items():
+            z.writestr(name, text)
