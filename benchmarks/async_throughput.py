@@ -7,7 +7,7 @@ process, run one after another. Wall time is the GRPO steps' own time (generatio
 the one-off worker start-up is reported separately). Time to target: wall time of the first
 evaluation whose held-out sampled pass@1 reaches `--target` (default: the SFT start's pass@1 +
 0.02); evaluations run only at the start and the end, so time to target is the end time or none. On this 2-core CPU the worker and the trainer share the cores, so overlap buys little;
-`benchmarks/gpu_llm.sh` runs the same comparison on a GPU. Last line: `speedup_async_over_sync=<x>`
+`benchmarks/gpu/run.sh --sections f` runs GRPO on a GPU. Last line: `speedup_async_over_sync=<x>`
 (trained-on completions/s of async over sync; generated/s is reported per mode too).
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ backward); with `nets.backbone.SCAN_SAVE_POLICY` it writes the matmul outputs on
 
     .venv/bin/python benchmarks/crl_throughput.py                       # depths 16,64,128,256, CPU
     .venv/bin/python benchmarks/crl_throughput.py --depths 1024 --no-unrolled --memory-only
-    .venv/bin/python benchmarks/crl_throughput.py --compute-dtype bfloat16  # GPU (gpu_crl.sh)
+    .venv/bin/python benchmarks/crl_throughput.py --compute-dtype bfloat16  # GPU (benchmarks/gpu/run.sh, section b)
 
 Last line: `min_speedup_vs_unrolled=<x>` = min over measured depths of unrolled / ours step time.
 """

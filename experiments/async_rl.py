@@ -14,7 +14,7 @@ samples, reward, eval accuracy, staleness_mean/max, mixed_version_frac, ...), `<
 (final accuracy, completions/s, measured staleness) and `<out>/async_rl.png` (accuracy vs
 wall-clock and vs samples). `eta` is a column, so the table can be fitted like σ. On this 2-core
 CPU generation and training share the cores: the wall-clock numbers measure what overlap buys
-here, not on a GPU (see benchmarks/gpu_llm.sh).
+here, not on a GPU (see benchmarks/gpu/run.sh).
 """
 from __future__ import annotations
 
