@@ -10,7 +10,7 @@ the reference, logits = (π_c - π_r) - (ρ_c - ρ_r) and
     sigmoid: -(1-ε)·log σ(β·logits) - ε·log σ(-β·logits)      (ε = label_smoothing, cDPO)
     robust:  (-(1-ε)·log σ(β·logits) + ε·log σ(-β·logits)) / (1 - 2ε)   (rDPO)
     hinge:   relu(1 - β·logits)                                  (SLiC)
-    ipo:     (logits - 1/(2β))²  with length-averaged log-probs (TRL's IPO convention)
+    ipo:     (logits - 1/(2β))²  with length-averaged log-ratios (TRL's IPO convention)
 
 Implicit rewards β(π - ρ) give the preference accuracy (margin > 0; held-out ties count ½). The batch loss is the mean.
 
@@ -73,29 +73,30 @@ def dpo_losses(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logp
             stop(beta * (rejected_logps - ref_rejected_logps)))
 
 
-def sequence_logps(token_logp, mask, loss_type: str):
-    """Sum of masked token log-probs per row; IPO averages over the completion length (as TRL)."""
-    mask = mask.astype(token_logp.dtype)
-    total = jnp.sum(token_logp * mask, axis=-1)
-    if loss_type == "ipo":
-        return total / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
-    return total
-
-
 def dpo_objective(chosen_tok, rejected_tok, ref_chosen_tok, ref_rejected_tok, chosen_mask,
                   rejected_mask, *, beta: float, loss_type: str, label_smoothing: float):
-    """Mean DPO loss from per-token log-probs (B, T) and masks, plus per-pair diagnostics.
+    """Mean DPO loss from per-token log-probs (B, T) and 0/1 masks, plus per-pair diagnostics.
 
+    Sequence log-probs are masked sums. IPO's loss uses length-averaged log-ratios (TRL's
+    convention); the implicit rewards are always β·(summed log-ratio), as TRL logs them.
     Returns (loss, aux) with aux: losses, margins (chosen - rejected implicit reward),
-    chosen_rewards, rejected_rewards (all (B,), no gradient except through `loss`).
+    chosen_rewards, rejected_rewards (all (B,), no gradient).
     """
-    seq = functools.partial(sequence_logps, loss_type=loss_type)
-    losses, rc, rr = dpo_losses(seq(chosen_tok, chosen_mask), seq(rejected_tok, rejected_mask),
-                                seq(ref_chosen_tok, chosen_mask), seq(ref_rejected_tok, rejected_mask),
-                                beta=beta, loss_type=loss_type, label_smoothing=label_smoothing)
+    cm, rm = chosen_mask.astype(chosen_tok.dtype), rejected_mask.astype(rejected_tok.dtype)
+    seq = lambda tok, m: jnp.sum(tok * m, axis=-1)  # noqa: E731
+    c, r = seq(chosen_tok, cm), seq(rejected_tok, rm)
+    rc, rr = seq(ref_chosen_tok, cm), seq(ref_rejected_tok, rm)
+    if loss_type == "ipo":
+        cl, rl = jnp.maximum(jnp.sum(cm, -1), 1.0), jnp.maximum(jnp.sum(rm, -1), 1.0)
+        losses, _, _ = dpo_losses(c / cl, r / rl, rc / cl, rr / rl, beta=beta, loss_type=loss_type,
+                                  label_smoothing=label_smoothing)
+    else:
+        losses, _, _ = dpo_losses(c, r, rc, rr, beta=beta, loss_type=loss_type,
+                                  label_smoothing=label_smoothing)
     stop = jax.lax.stop_gradient
-    return jnp.mean(losses), {"losses": stop(losses), "margins": rc - rr,
-                              "chosen_rewards": rc, "rejected_rewards": rr}
+    chosen_rewards, rejected_rewards = stop(beta * (c - rc)), stop(beta * (r - rr))
+    return jnp.mean(losses), {"losses": stop(losses), "margins": chosen_rewards - rejected_rewards,
+                              "chosen_rewards": chosen_rewards, "rejected_rewards": rejected_rewards}
 
 
 @functools.lru_cache(maxsize=None)
