@@ -422,3 +422,83 @@ def run(config: "dict | DPOConfig", out_dir, *, progress: bool = False):
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return df
+
+
+# ---- the `dpo` sweep trial kind -------------------------------------------------------------------
+
+class Diverged(RuntimeError):
+    """Non-finite DPO loss; `step` is the pairs count (env_steps) then."""
+
+    def __init__(self, step: int, message: str = ""):
+        self.step = int(step)
+        super().__init__(message or f"diverged at env step {self.step}")
+
+
+def _config_cls():
+    return DPOConfig
+
+
+def _check(config: dict) -> None:
+    if config.get("seed", 0) != 0:
+        raise ValueError(f"seed: {config['seed']!r} in the DPO config; set seeds with the spec's "
+                         "`seed`/`seeds` keys or a `grid: {seed: [...]}` axis")
+    DPOConfig.from_dict(dict(config))
+
+
+def _param_count(config: dict) -> int:
+    from scaling_rl.llm.sweep import param_count
+    cfg = DPOConfig.from_dict(dict(config))
+    return param_count({"model": cfg.model, "hidden_size": cfg.hidden_size,
+                        "num_layers": cfg.num_layers, "num_heads": cfg.num_heads})
+
+
+def trial_run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False,
+              checkpoint_every: int = 1):
+    """Run `seeds` DPO runs (seeds trial_seed*seeds + 0..seeds-1) one after another in
+    <trial>/seed_<i>/; <trial>/metrics.parquet holds every seed's rows with seed / chunk (= DPO
+    step; row 0 is the reference policy) / env_steps (training pairs consumed) / grad_steps. A
+    finished seed is not rerun; an unfinished one restarts (`checkpoint_every` is not used)."""
+    import math
+
+    import pandas as pd
+
+    from scaling_rl import io as sio
+    base = DPOConfig.from_dict(dict(config))
+    _check(dataclasses.asdict(base))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfgs = [dataclasses.replace(base, seed=seed * seeds + i) for i in range(seeds)]
+    sio.atomic_write_json(out / "config.json", {
+        "agent": "dpo", "config": dict(config), "seeds": int(seeds), "seed": int(seed),
+        "param_count": _param_count(dataclasses.asdict(base)),
+        "seed_dirs": {f"seed_{i}": c.seed for i, c in enumerate(cfgs)}})
+    frames = []
+    for i, cfg in enumerate(cfgs):
+        df = run(cfg, out / f"seed_{i}").copy()
+        bad = df["loss"].dropna() if "loss" in df else pd.Series(dtype=float)
+        bad = bad[~bad.map(math.isfinite)]
+        step = df["step"].astype("int64")
+        df.insert(0, "seed", i)
+        df.insert(1, "chunk", step)
+        df.insert(2, "env_steps", df["pairs"].astype("int64"))
+        df.insert(3, "grad_steps", step)
+        frames.append(df)
+        sio.atomic_write_parquet(out / "metrics.parquet", pd.concat(frames, ignore_index=True))
+        if len(bad):
+            n = int(df.loc[bad.index[0], "pairs"])
+            raise Diverged(n, f"diverged at env step {n} (seed {cfg.seed}): loss non-finite")
+    return pd.concat(frames, ignore_index=True)
+
+
+def _budget(config: dict) -> int:
+    cfg = DPOConfig.from_dict(dict(config))
+    return int(cfg.steps) * int(cfg.batch_size)
+
+
+def _trial_kind():
+    from scaling_rl.sweep.registry import TrialKind
+    return TrialKind(name="dpo", config_cls=_config_cls, run=trial_run, param_count=_param_count,
+                     check=_check, budget=_budget)
+
+
+TRIAL_KIND = _trial_kind()
