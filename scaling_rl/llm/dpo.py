@@ -18,8 +18,8 @@ Preference data (`preference_pairs`) is made from a verifiable task (2-digit add
 correct answer, rejected = a wrong answer of the same format (the sum with one digit changed), and a
 known fraction `noise` of the training pairs has its labels flipped (held-out pairs never are).
 
-One run = SFT warm start (`trainer.sft`, a weak start so DPO has room) -> `base_model/` (also the
-frozen reference) -> `steps` DPO updates. Each step the scheduler receives a candidate batch of
+One run = SFT warm start (`trainer.sft`, a weak start so DPO has room; or `init_from` a saved
+policy) -> `base_model/` (also the frozen reference) -> `steps` DPO updates. Each step the scheduler receives a candidate batch of
 `batch_size * candidates` pairs drawn uniformly from the training pool, with per-pair features from
 the current policy (scheduler-dependent; uniform needs none and gets exactly `batch_size`), and
 returns the `batch_size` pairs that train. Rows (metrics.parquet): step, pairs (training pairs
@@ -158,6 +158,7 @@ class DPOConfig:
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
+    init_from: str = ""               # saved policy directory to start from (then no SFT)
     digits: int = 2
     # data
     train_pairs: int = 2048
@@ -214,6 +215,8 @@ class DPOConfig:
             need(getattr(self, key) >= 1, key, "must be >= 1")
         need(self.batch_size * self.candidates <= self.train_pairs, "candidates",
              "makes a candidate batch larger than train_pairs")
+        need(not self.init_from or (Path(self.init_from) / "config.json").is_file(), "init_from",
+             "is not a saved policy directory (no config.json)")
         need(self.hidden_size % self.num_heads == 0, "hidden_size",
              f"is not divisible by num_heads={self.num_heads}")
 
@@ -271,10 +274,10 @@ class DPOTrainer:
         from scaling_rl.llm.trainer import sft
         torch, cfg = self._torch, self.cfg
         torch.manual_seed(cfg.seed)
-        model, tok = load_policy(cfg.model, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
-                                 num_heads=cfg.num_heads, seed=cfg.seed)
+        model, tok = load_policy(cfg.init_from or cfg.model, hidden_size=cfg.hidden_size,
+                                 num_layers=cfg.num_layers, num_heads=cfg.num_heads, seed=cfg.seed)
         model.to(self.device)
-        if cfg.sft_steps:
+        if cfg.sft_steps and not cfg.init_from:
             sft(model, tok, self.task, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size,
                 lr=cfg.sft_lr, seed=cfg.seed, max_len=self.width, log=log)
         model.eval()
@@ -448,7 +451,7 @@ def _check(config: dict) -> None:
 def _param_count(config: dict) -> int:
     from scaling_rl.llm.sweep import param_count
     cfg = DPOConfig.from_dict(dict(config))
-    return param_count({"model": cfg.model, "hidden_size": cfg.hidden_size,
+    return param_count({"model": cfg.model, "init_from": cfg.init_from, "hidden_size": cfg.hidden_size,
                         "num_layers": cfg.num_layers, "num_heads": cfg.num_heads})
 
 
