@@ -105,7 +105,9 @@ def main(argv=None) -> int:
     frames = []
     for seed in range(args.seeds):
         base_dir = out / "runs" / f"sft_seed{seed}"
-        dpo.run({**common, "steps": 0, "sft_steps": args.sft_steps, "seed": seed}, base_dir)
+        model = {k: common[k] for k in ("hidden_size", "num_layers", "num_heads", "eval_pairs",
+                                         "eval_problems")}
+        dpo.run({**model, "steps": 0, "sft_steps": args.sft_steps, "seed": seed}, base_dir)
         for noise in noises:
             for sched in scheds:
                 cfg = {**common, "init_from": str(base_dir / "base_model"), "sft_steps": 0,
