@@ -65,7 +65,8 @@ def plot(curves: pd.DataFrame, noises, path: Path) -> None:
                 ax.fill_between(mean.index, mean - sd / np.sqrt(n), mean + sd / np.sqrt(n), alpha=0.2)
             ax.set_title(f"noise {noise:.0%}", fontsize=9)
             ax.set_xlabel("DPO steps")
-            ax.set_ylabel(metric.split("/")[1].replace("_", " ") + " (held-out)")
+            ax.set_ylabel({"eval/pref_accuracy": "preference accuracy (held-out pairs)",
+                           "eval/accuracy": "task accuracy (greedy, held-out)"}[metric], fontsize=8)
             ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=7)
     fig.suptitle("mean over seeds ± 1 s.e.", fontsize=9)
