@@ -184,3 +184,11 @@ def test_sweep_trial_kind(tmp_path):
     assert list(df["seed"]) == [0, 0, 0]
     rec = json.loads((tmp_path / "t" / "config.json").read_text())
     assert rec["agent"] == "dpo" and rec["param_count"] == kind.param_count(cfg) > 0
+
+
+def test_sweep_spec_with_dpo_axes():
+    from scaling_rl.sweep.spec import SpecError, load_spec, parse_spec
+    spec = load_spec(Path(__file__).parents[1] / "sweeps" / "dpo_tiny.yaml")
+    assert len(spec.trials) == 4
+    with pytest.raises(SpecError, match="scheduler"):
+        parse_spec({"agent": "dpo", "grid": {"scheduler": ["bogus"]}})
