@@ -63,7 +63,7 @@ def test_trial_id_is_stable_and_canonical():
     ("agent: toy\ngrid: {width: !!python/object/apply:os.system ['echo pwned']}\n", "!!python/object/apply:os.system"),
     ("agent: toy\ngrid: {}\n", "grid: empty"),
     ("agent: toy\ngrid: {width: []}\n", "grid.width: empty list"),
-    ("agent: nope\ngrid: {width: [1]}\n", "agent: unknown agent 'nope'; allowed: crl, dqn, flow_grpo, grpo, sac, toy"),
+    ("agent: nope\ngrid: {width: [1]}\n", "agent: unknown agent 'nope'; allowed: crl, dpo, dqn, flow_grpo, grpo, sac, toy"),
     ("agent: toy\ngrid: {utd: [1, -2]}\n", "grid.utd: -2 is not allowed"),
     ("agent: toy\nbase: {env: toy/nowhere}\ngrid: {width: [1]}\n", "env: unknown env 'toy/nowhere'; allowed: toy/line"),
     ("agent: toy\ngrid: {widht: [1]}\n", "grid.widht: unknown field; allowed: batch_size"),

@@ -1,7 +1,9 @@
-"""`scaling-rl grpo` (train / resume a GRPO run) and `scaling-rl passk` (pass@k of a saved policy).
+"""`scaling-rl grpo` (train / resume a GRPO run), `scaling-rl dpo` (a DPO run with a batch
+scheduler) and `scaling-rl passk` (pass@k of a saved policy).
 
     scaling-rl grpo --out runs/grpo steps=40 loss_type=dapo group_size=8
     scaling-rl grpo --out runs/grpo --config grpo.yaml lr=3e-4       # file, then overrides
+    scaling-rl dpo --out runs/dpo scheduler=sams noise=0.2 beta=0.1
     scaling-rl passk --model runs/grpo/base_model --n 256 --problems 64 --out base_passk.csv
 
 Heavy imports (torch, transformers) happen inside the commands, so `scaling-rl --help` stays fast.
@@ -66,6 +68,28 @@ def cmd_grpo(args) -> int:
     print(f"grpo: {len(rewards)} steps  reward {rewards.iloc[0] if len(rewards) else float('nan'):.3f}"
           f" -> {rewards.iloc[-1] if len(rewards) else float('nan'):.3f}  eval accuracy "
           f"{acc.iloc[0]:.3f} -> {acc.iloc[-1]:.3f}  run dir {args.out}")
+    return 0
+
+
+def cmd_dpo(args) -> int:
+    cfg = load_config_file(args.config) if args.config else {}
+    cfg.update(parse_overrides(args.overrides))
+    from scaling_rl.llm.dpo import DPOConfig, run
+    try:
+        config = DPOConfig.from_dict(cfg)
+    except (ValueError, TypeError) as e:
+        raise _usage_error(str(e).splitlines()[0]) from None
+    try:
+        df = run(config, args.out, progress=not args.quiet)
+    except ValueError as e:
+        if str(e).startswith("out_dir:"):
+            raise _usage_error(str(e)) from None
+        raise
+    ev = df.dropna(subset=["eval/pref_accuracy"])
+    print(f"dpo ({config.scheduler}, noise {config.noise}): {int(df['step'].max())} steps  held-out "
+          f"preference accuracy {ev['eval/pref_accuracy'].iloc[0]:.3f} -> "
+          f"{ev['eval/pref_accuracy'].iloc[-1]:.3f}  task accuracy {ev['eval/accuracy'].iloc[0]:.3f}"
+          f" -> {ev['eval/accuracy'].iloc[-1]:.3f}  run dir {args.out}")
     return 0
 
 
@@ -135,6 +159,16 @@ def register(subparsers) -> None:
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     p.set_defaults(func=cmd_grpo)
+
+    d = subparsers.add_parser("dpo", help="train a DPO run (scheduler=uniform|sams|small_loss)",
+                              description="DPO (policy + frozen reference) whose training "
+                              "batches a scheduler picks; config keys: scaling_rl/llm/dpo.py "
+                              "DPOConfig")
+    d.add_argument("--out", required=True, help="run directory (a finished one is not rerun)")
+    d.add_argument("--config", help="JSON or YAML file of DPOConfig keys")
+    d.add_argument("--quiet", action="store_true", help="no progress lines")
+    d.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    d.set_defaults(func=cmd_dpo)
 
     q = subparsers.add_parser("passk", help="unbiased pass@k of a saved policy on held-out problems")
     q.add_argument("--model", required=True, help="saved policy directory (e.g. RUN/base_model)")

@@ -14,6 +14,7 @@ _ENTRIES: dict[str, str] = {
     "dqn": "scaling_rl.sweep.rl_trials:DQN",
     "crl": "scaling_rl.sweep.rl_trials:CRL",
     "grpo": "scaling_rl.llm.sweep:TRIAL_KIND",   # provided by the LLM side
+    "dpo": "scaling_rl.llm.dpo:TRIAL_KIND",      # DPO with batch schedulers (uniform / SamS)
     "flow_grpo": "scaling_rl.flow.sweep:TRIAL_KIND",   # Flow-GRPO on flow-matching generators
     "toy": "scaling_rl.sweep.toy:TOY",          # JAX-free fake trial for testing the machinery
 }
