@@ -289,3 +289,18 @@ def test_early_stopping_costs_a_trial_by_the_highest_threshold_with_a_law(tmp_pa
     need = 1.25 * np.exp(ad._predict(laws[("toy/law", 1)], cell.sigma, cell.N)[0])
     assert need < BUDGET
     assert p["predicted_cost"] == pytest.approx(4 * need * ad.flops_per_step(cell.trials[0].config, cell.N, 1e15))
+
+
+def test_quickstart_grid_and_adaptive_specs_share_no_seed_run():
+    # the README's grid-vs-adaptive comparison fits two designs: on the same seeds it would compare
+    # mostly the same runs (max_replicates: 1 reruns the grid's own trials)
+    from scaling_rl.sweep import load_spec
+    from scaling_rl.sweep.trial import seed_runs
+    root = Path(__file__).resolve().parents[1] / "sweeps"
+    grid = load_spec(root / "quickstart.yaml")
+    spec = load_spec(root / "quickstart_adaptive.yaml")
+    runs = seed_runs(ad.replicate(t, r) for t in spec.trials for r in range(spec.adaptive.max_replicates))
+    assert len(runs) == 16 * 5 and len(seed_runs(grid.trials)) == 16 * 5
+    assert not runs & seed_runs(grid.trials)
+    # the check itself sees a shared run
+    assert seed_runs([grid.trials[0]]) <= seed_runs(grid.trials)

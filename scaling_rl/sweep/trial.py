@@ -49,3 +49,10 @@ def trial_id(agent: str, config: dict, seeds: int, seed: int) -> str:
     """Stable id of a trial: sha256 of the canonical JSON of its resolved config."""
     blob = canonical_json({"agent": agent, "config": config, "seeds": int(seeds), "seed": int(seed)})
     return hashlib.sha256(blob.encode("ascii")).hexdigest()[:ID_LEN]
+
+
+def seed_runs(trials) -> set:
+    """The individual seed runs of `trials`: (config, first seed, seed index) — seed i of a trial is
+    keyed fold_in(PRNGKey(seed), i) by `train.run`, so two trials with one config and first seed share
+    their runs. Two designs compared as independent (a grid and an adaptive study) must share none."""
+    return {(canonical_json(t.config), int(t.seed), i) for t in trials for i in range(int(t.seeds))}
