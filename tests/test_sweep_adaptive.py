@@ -133,7 +133,7 @@ def test_criterion_goes_where_the_target_uncertainty_is(tmp_path):
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     out = tmp_path_factory.mktemp("adaptive") / "study"
-    spec = parse_spec(spec_dict(out, seed=3000))   # margins to the truth: σ 0.015, N 0.017
+    spec = parse_spec(spec_dict(out, seed=0))   # the default seed, not one searched for
     state = ad.run_adaptive(spec, progress=False, say=lambda m: None)
     return spec, state
 
@@ -161,10 +161,15 @@ def test_simulated_study_rounds_are_recorded_and_recover_the_truth(simulated):
     fit = json.loads((Path(spec.out_dir) / "adaptive" / f"round_{rounds[-1]['round']}" / "fit.json").read_text())
     truth = truth_exponents(state["delta"])
     laws = {p["target"]: p["params"]["s"] for p in fit["allocation"]["power_laws"] if "params" in p}
+    # One study says little about 90% coverage (that is benchmarks/adaptive_sweep.py's job, over
+    # independent repetitions); what must hold for any seed is that the truth is not far outside:
+    # within twice the interval's half-width of the estimate (about 3.3 standard errors; a correct
+    # study fails this about once in a few hundred seeds, a biased or far too narrow one often).
     for ax in ("sigma", "N"):
         s = laws[ax]
         assert s["lo"] <= s["estimate"] <= s["hi"]
-        assert s["lo"] <= truth[ax] <= s["hi"], (ax, s, truth[ax])
+        half = max(s["hi"] - s["estimate"], s["estimate"] - s["lo"])
+        assert abs(truth[ax] - s["estimate"]) <= 2 * half, (ax, s, truth[ax])
     widths = rounds[-1]["fit"]["widths"]
     assert set(widths) == {"toy/law:sigma*(F) exponent", "toy/law:N*(F) exponent"}
 
