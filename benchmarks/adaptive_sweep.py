@@ -32,8 +32,8 @@ Printed per W (90% intervals; each contains its estimate):
                               was mostly this: adaptive+ES vs the full grid is printed beside it);
   ceiling                     mean grid+ES compute / mean compute of the adaptive study's initial round
                               alone: no adaptive design that starts with that round can save more;
-  coverage                    of the true exponents by each design's final intervals (both exponents,
-                              pooled), with a Wilson 90% interval over repetitions × 2;
+  coverage                    of each true exponent by each design's final interval, with a Wilson 90%
+                              interval over repetitions;
   reached                     repetitions whose final intervals are narrower than W.
 Each repetition is written to <out>/reps/rep_<r>.json as it finishes; a rerun with the same settings
 resumes (skips finished repetitions). `--max-minutes` stops starting new repetitions after that long.
@@ -289,7 +289,8 @@ def report(reps: list, Ws: list, truth: dict, root: Path) -> None:
     n = len(reps)
     tab = Table(title=f"{n} repetitions, independent seeds per design; 90% intervals (bootstrap over repetitions "
                       f"for ratios, Wilson for proportions)")
-    for c in ("W", "design", "mean FLOPs", "seeds / trials", "reached W", "coverage (σ*, N* pooled)", "per-rep wall s"):
+    for c in ("W", "design", "mean FLOPs", "seeds / trials", "reached W", "coverage σ*(F) exp.", "coverage N*(F) exp.",
+              "per-rep wall s"):
         tab.add_column(c, justify="right")
     lines = []
     for W in Ws:
@@ -304,12 +305,14 @@ def report(reps: list, Ws: list, truth: dict, root: Path) -> None:
                                  f"{min(x['seeds'] for x in g)}–{max(x['seeds'] for x in g)})"),
                 ("adaptive + ES", a, f"{np.median([x['trials'] for x in a]):g} trials, "
                                      f"{np.median([x['rounds'] for x in a]):g} rounds (median)")):
-            k = sum(covers(x["iv"].get(ax), truth[ax]) for x in rows for ax in AXES)
-            lo, hi = wilson(k, 2 * n)
+            cov = []
+            for ax in AXES:
+                k = sum(covers(x["iv"].get(ax), truth[ax]) for x in rows)
+                lo, hi = wilson(k, n)
+                cov.append(f"{k}/{n} [{lo:.2f}, {hi:.2f}]")
             wall = np.median([x.get("wall", x.get("wall_fit", 0.0) + x.get("wall_run", 0.0)) for x in rows])
             tab.add_row(f"{W:g}", name, f"{np.mean([x['flops'] for x in rows]):.3g}", extra,
-                        f"{sum(x['reached'] for x in rows)}/{n}", f"{k / (2 * n):.2f} [{lo:.2f}, {hi:.2f}]",
-                        f"{wall:.0f}")
+                        f"{sum(x['reached'] for x in rows)}/{n}", *cov, f"{wall:.0f}")
         sav = ratio_of_means(cg, ca)
         es = ratio_of_means(cf, cg, seed=1)
         old = ratio_of_means(cf, ca, seed=2)
