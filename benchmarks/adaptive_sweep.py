@@ -250,7 +250,7 @@ def main() -> None:
                 "trial_seeds": args.trial_seeds, "initial": args.initial, "v": 2}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
     print(f"truth: σ*(F) exponent {truth['sigma']:.4f}, N*(F) exponent {truth['N']:.4f} (δ = {delta:.3g} FLOPs/step); "
-          f"widths W = {Ws}; up to {args.reps} repetitions; {args.bootstrap} bootstrap replicates per fit "
+          f"widths W = {Ws}; " + ("finished repetitions in --out;" if args.report_only else f"up to {args.reps} repetitions;") + f" {args.bootstrap} bootstrap replicates per fit "
           f"(confirm {4 * args.bootstrap}); grid S = {MIN_SEEDS}..{args.max_seeds}; adaptive: {args.initial}, "
           f"{args.trial_seeds}-seed trials", flush=True)
     t_start = time.time()
