@@ -228,6 +228,9 @@ def main() -> None:
     ap.add_argument("--max-minutes", type=float, default=None, help="start no repetition after this long")
     ap.add_argument("--first-rep", type=int, default=0, help="first repetition index (split a long run over processes)")
     ap.add_argument("--report-only", action="store_true", help="report every finished repetition in --out; run nothing")
+    ap.add_argument("--grid-from", default=None,
+                    help="take each repetition's grid + ES from this other --out (same widths, bootstrap and max "
+                         "seeds: the same seeds, so the same grid), waiting for it: compares adaptive variants")
     ap.add_argument("--quick", action="store_true", help="2 repetitions, the middle width, 32 replicates")
     ap.add_argument("--out", default="runs/bench_adaptive")
     args = ap.parse_args()
@@ -269,7 +272,22 @@ def main() -> None:
             print(f"--max-minutes {args.max_minutes} reached: stopping after {len(reps)} repetitions", flush=True)
             break
         t0 = time.time()
-        res = {"settings": key, "rep": r, "grid_es": run_grid_es(root, r, Ws, args.bootstrap, delta, args.max_seeds),
+        grid = None
+        if args.grid_from:
+            other = Path(args.grid_from) / "reps" / f"rep_{r}.json"
+            while grid is None:
+                o = json.loads(other.read_text()) if other.exists() else None
+                if o is not None and all(str(W) in o["grid_es"] for W in Ws):
+                    grid = {str(W): o["grid_es"][str(W)] for W in Ws}
+                elif args.max_minutes is not None and time.time() - t_start > 60 * args.max_minutes:
+                    break
+                else:
+                    time.sleep(20)
+            if grid is None:
+                print(f"--grid-from: {other} not there in time: stopping after {len(reps)} repetitions", flush=True)
+                break
+        res = {"settings": key, "rep": r,
+               "grid_es": grid or run_grid_es(root, r, Ws, args.bootstrap, delta, args.max_seeds),
                "adaptive": {str(W): run_adaptive_study(root, r, W, args.bootstrap, delta, args.trial_seeds,
                                                        args.initial) for W in Ws}, "wall": time.time() - t0}
         atomic_write_json(path, res)
