@@ -249,9 +249,12 @@ def main() -> None:
     delta = default_delta(cells_of(parse_spec(spec_dict(root / "probe", 1, 0, early_stop=False)).trials))
     truth = truth_exponents(delta)
     Ws = sorted(set(args.widths))
-    settings = {"widths": Ws, "bootstrap": args.bootstrap, "max_seeds": args.max_seeds,
-                "trial_seeds": args.trial_seeds, "initial": args.initial, "v": 2}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    def key_of(widths) -> str:   # a repetition's record names its settings (its widths among them)
+        settings = {"widths": sorted(float(w) for w in widths), "bootstrap": args.bootstrap,
+                    "max_seeds": args.max_seeds, "trial_seeds": args.trial_seeds, "initial": args.initial, "v": 2}
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+
+    key = key_of(Ws)
     print(f"truth: σ*(F) exponent {truth['sigma']:.4f}, N*(F) exponent {truth['N']:.4f} (δ = {delta:.3g} FLOPs/step); "
           f"widths W = {Ws}; " + ("finished repetitions in --out;" if args.report_only else f"up to {args.reps} repetitions;") + f" {args.bootstrap} bootstrap replicates per fit "
           f"(confirm {4 * args.bootstrap}); grid S = {MIN_SEEDS}..{args.max_seeds}; adaptive: {args.initial}, "
@@ -260,9 +263,10 @@ def main() -> None:
     reps = []
     if args.report_only:
         for path in sorted((root / "reps").glob("rep_*.json"), key=lambda p: int(p.stem.split("_")[1])):
-            res = json.loads(path.read_text())
-            if res.get("settings") == key:
+            res = json.loads(path.read_text())   # every finished repetition, whatever its widths
+            if res.get("settings") == key_of(res["grid_es"]):
                 reps.append(res)
+        Ws = sorted({float(w) for r in reps for w in r["grid_es"]})
     for r in range(args.first_rep, args.first_rep + (0 if args.report_only else args.reps)):
         path = root / "reps" / f"rep_{r}.json"
         if path.exists() and json.loads(path.read_text()).get("settings") == key:
@@ -304,16 +308,17 @@ def main() -> None:
 def report(reps: list, Ws: list, truth: dict, root: Path) -> None:
     from rich.console import Console
     from rich.table import Table
-    n = len(reps)
-    tab = Table(title=f"{n} repetitions, independent seeds per design; 90% intervals (bootstrap over repetitions "
-                      f"for ratios, Wilson for proportions)")
+    tab = Table(title=f"{len(reps)} repetitions, independent seeds per design; 90% intervals (bootstrap over "
+                      f"repetitions for ratios, Wilson for proportions)")
     for c in ("W", "design", "mean FLOPs", "seeds / trials", "reached W", "coverage σ*(F) exp.", "coverage N*(F) exp.",
               "per-rep wall s"):
         tab.add_column(c, justify="right")
     lines = []
     for W in Ws:
-        g = [r["grid_es"][str(W)] for r in reps]
-        a = [r["adaptive"][str(W)] for r in reps]
+        mine = [r for r in reps if str(W) in r["grid_es"]]   # repetitions run at this width
+        n = len(mine)
+        g = [r["grid_es"][str(W)] for r in mine]
+        a = [r["adaptive"][str(W)] for r in mine]
         cg = np.array([g_["flops"] for g_ in g])
         ca = np.array([a_["flops"] for a_ in a])
         cf = np.array([g_["full_grid_flops"] for g_ in g])
@@ -348,7 +353,7 @@ def report(reps: list, Ws: list, truth: dict, root: Path) -> None:
         from scaling_rl.sweep import adaptive_plots
         rows = [{"design": label, "flops": r[k][str(W)]["flops"],
                  "widths": {ax: width(r[k][str(W)]["iv"].get(ax)) for ax in AXES}}
-                for r in reps for W in Ws for k, label in (("grid_es", "grid + early stopping"),
+                for r in reps for W in Ws if str(W) in r["grid_es"] for k, label in (("grid_es", "grid + early stopping"),
                                                            ("adaptive", "adaptive + early stopping"))]
         fig = adaptive_plots.plot_comparison(rows, root / "comparison.png", tolerance=min(Ws))
         print(f"figure: {fig}")
