@@ -267,39 +267,55 @@ def main() -> None:
             if res.get("settings") == key_of(res["grid_es"]):
                 reps.append(res)
         Ws = sorted({float(w) for r in reps for w in r["grid_es"]})
-    for r in range(args.first_rep, args.first_rep + (0 if args.report_only else args.reps)):
-        path = root / "reps" / f"rep_{r}.json"
-        if path.exists() and json.loads(path.read_text()).get("settings") == key:
-            reps.append(json.loads(path.read_text()))
-            continue
-        if args.max_minutes is not None and time.time() - t_start > 60 * args.max_minutes:
-            print(f"--max-minutes {args.max_minutes} reached: stopping after {len(reps)} repetitions", flush=True)
-            break
+    def one(r: int, widths: list, grid: dict | None) -> None:
         t0 = time.time()
-        grid = None
-        if args.grid_from:
-            other = Path(args.grid_from) / "reps" / f"rep_{r}.json"
-            while grid is None:
-                o = json.loads(other.read_text()) if other.exists() else None
-                if o is not None and all(str(W) in o["grid_es"] for W in Ws):
-                    grid = {str(W): o["grid_es"][str(W)] for W in Ws}
-                elif args.max_minutes is not None and time.time() - t_start > 60 * args.max_minutes:
-                    break
-                else:
-                    time.sleep(20)
-            if grid is None:
-                print(f"--grid-from: {other} not there in time: stopping after {len(reps)} repetitions", flush=True)
-                break
-        res = {"settings": key, "rep": r,
-               "grid_es": grid or run_grid_es(root, r, Ws, args.bootstrap, delta, args.max_seeds),
+        res = {"rep": r, "grid_es": grid or run_grid_es(root, r, widths, args.bootstrap, delta, args.max_seeds),
                "adaptive": {str(W): run_adaptive_study(root, r, W, args.bootstrap, delta, args.trial_seeds,
-                                                       args.initial) for W in Ws}, "wall": time.time() - t0}
-        atomic_write_json(path, res)
+                                                       args.initial) for W in widths}, "wall": time.time() - t0}
+        res["settings"] = key_of(res["grid_es"])
+        atomic_write_json(root / "reps" / f"rep_{r}.json", res)
         reps.append(res)
         print(f"rep {r} ({res['wall']:.0f} s): " + " | ".join(
             f"W={W:g}: grid+ES {res['grid_es'][str(W)]['seeds']} seeds {res['grid_es'][str(W)]['flops']:.3g}, "
             f"adaptive {res['adaptive'][str(W)]['flops']:.3g} ({res['adaptive'][str(W)]['trials']} trials, "
-            f"{res['adaptive'][str(W)]['decision']})" for W in Ws), flush=True)
+            f"{res['adaptive'][str(W)]['decision']})" for W in widths), flush=True)
+
+    def out_of_time() -> bool:
+        return args.max_minutes is not None and time.time() - t_start > 60 * args.max_minutes
+
+    if args.grid_from and not args.report_only:
+        # the other run's repetitions as they finish (any order), at the widths both runs have
+        done: set = set()
+        while len(done) < args.reps and not out_of_time():
+            todo = []
+            for other in sorted((Path(args.grid_from) / "reps").glob("rep_*.json")):
+                r = int(other.stem.split("_")[1])
+                if r not in done:
+                    o = json.loads(other.read_text())
+                    widths = [W for W in Ws if str(W) in o["grid_es"]]
+                    if widths:
+                        todo.append((r, widths, {str(W): o["grid_es"][str(W)] for W in widths}))
+            if not todo:
+                time.sleep(20)
+                continue
+            r, widths, grid = todo[0]
+            done.add(r)
+            path = root / "reps" / f"rep_{r}.json"
+            if path.exists() and json.loads(path.read_text()).get("settings") == key_of(widths):
+                reps.append(json.loads(path.read_text()))
+            else:
+                one(r, widths, grid)
+    for r in range(args.first_rep, args.first_rep + (0 if args.report_only or args.grid_from else args.reps)):
+        path = root / "reps" / f"rep_{r}.json"
+        if path.exists() and json.loads(path.read_text()).get("settings") == key:
+            reps.append(json.loads(path.read_text()))
+            continue
+        if out_of_time():
+            print(f"--max-minutes {args.max_minutes} reached: stopping after {len(reps)} repetitions", flush=True)
+            break
+        one(r, Ws, None)
+    if reps:
+        Ws = sorted({float(w) for r in reps for w in r["grid_es"]})
     if not reps:
         raise SystemExit("adaptive_sweep: no repetition finished")
     report(reps, Ws, truth, root)
