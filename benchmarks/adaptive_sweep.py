@@ -199,14 +199,16 @@ def wilson(k: int, n: int, level: float = 0.9) -> tuple[float, float]:
     return (max(0.0, c - h), min(1.0, c + h))
 
 
-def ratio_of_means(a: np.ndarray, b: np.ndarray, level: float = 0.9, n_boot: int = 2000, seed: int = 0):
-    """mean(a) / mean(b) and its percentile-bootstrap interval (a and b resampled independently)."""
+def ratio_of_means(a: np.ndarray, b: np.ndarray, level: float = 0.9, n_boot: int = 2000, seed: int = 0,
+                   paired: bool = False):
+    """mean(a) / mean(b) and its percentile-bootstrap interval over repetitions: a and b resampled
+    independently (independent seeds), or together when `paired` (the same seeds)."""
     rng = np.random.default_rng(seed)
     est = float(np.mean(a) / np.mean(b))
     if len(a) < 2:
         return est, None, None
     ia = rng.integers(0, len(a), (n_boot, len(a)))
-    ib = rng.integers(0, len(b), (n_boot, len(b)))
+    ib = ia if paired else rng.integers(0, len(b), (n_boot, len(b)))
     boot = a[ia].mean(axis=1) / b[ib].mean(axis=1)
     lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
     return est, float(min(lo, est)), float(max(hi, est))
@@ -353,7 +355,7 @@ def report(reps: list, Ws: list, truth: dict, root: Path) -> None:
             tab.add_row(f"{W:g}", name, f"{np.mean([x['flops'] for x in rows]):.3g}", extra,
                         f"{sum(x['reached'] for x in rows)}/{n}", *cov, f"{wall:.0f}")
         sav = ratio_of_means(cg, ca)
-        es = ratio_of_means(cf, cg, seed=1)
+        es = ratio_of_means(cf, cg, seed=1, paired=True)
         old = ratio_of_means(cf, ca, seed=2)
         ceil = ratio_of_means(cg, ci, seed=3)
         lines += [f"W={W:g}: early_stopping_saving (full grid / grid + ES, same seeds) = {fmt_iv(*es)}; "
