@@ -11,7 +11,7 @@ Prints (and writes `<out>/comparison.md`, `<out>/comparison.png`): trials, env s
 (F = C + δ·D over every trial run) and summed trial wall time for each design; per threshold, the
 compute-optimal σ*, N* and their 90% intervals; the budget laws' exponents and their values at the
 grid's reference budget; and for every quantity whether each estimate lies inside the other design's
-interval ("agree").
+interval ("agree"). The two stores must share no seed run (same config and seed): refused otherwise.
 """
 from __future__ import annotations
 
@@ -85,6 +85,12 @@ def main() -> None:
     fit_a = json.loads((Path(args.adaptive) / "adaptive" / f"round_{last['round']}" / "fit.json").read_text())
     g = Store(args.grid)
     grid_trials = [g.trial(t) for t in g.trial_ids()]
+    a = Store(args.adaptive)
+    from scaling_rl.sweep.trial import seed_runs
+    shared = seed_runs(grid_trials) & seed_runs(a.trial(t) for t in a.trial_ids())
+    if shared:
+        raise SystemExit(f"{args.adaptive}: {len(shared)} seed run(s) are also in {args.grid} (same config and seed): "
+                         "the comparison would measure their shared noise; give the adaptive spec its own `seed:`")
     n_boot = int(last["fit"].get("n_bootstrap", design.n_bootstrap))   # as many replicates as the final round
     fit_g, cap, _ = ad.fit_round(SimpleNamespace(out_dir=Path(args.grid)), design, grid_trials, delta,
                                  n_bootstrap=n_boot)

@@ -133,7 +133,7 @@ def test_criterion_goes_where_the_target_uncertainty_is(tmp_path):
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     out = tmp_path_factory.mktemp("adaptive") / "study"
-    spec = parse_spec(spec_dict(out, seed=3000))   # margins to the truth: σ 0.015, N 0.017
+    spec = parse_spec(spec_dict(out, seed=0))   # the default seed, not one searched for
     state = ad.run_adaptive(spec, progress=False, say=lambda m: None)
     return spec, state
 
@@ -161,10 +161,15 @@ def test_simulated_study_rounds_are_recorded_and_recover_the_truth(simulated):
     fit = json.loads((Path(spec.out_dir) / "adaptive" / f"round_{rounds[-1]['round']}" / "fit.json").read_text())
     truth = truth_exponents(state["delta"])
     laws = {p["target"]: p["params"]["s"] for p in fit["allocation"]["power_laws"] if "params" in p}
+    # One study says little about 90% coverage (that is benchmarks/adaptive_sweep.py's job, over
+    # independent repetitions); what must hold for any seed is that the truth is not far outside:
+    # within twice the interval's half-width of the estimate (about 3.3 standard errors; a correct
+    # study fails this about once in a few hundred seeds, a biased or far too narrow one often).
     for ax in ("sigma", "N"):
         s = laws[ax]
         assert s["lo"] <= s["estimate"] <= s["hi"]
-        assert s["lo"] <= truth[ax] <= s["hi"], (ax, s, truth[ax])
+        half = max(s["hi"] - s["estimate"], s["estimate"] - s["lo"])
+        assert abs(truth[ax] - s["estimate"]) <= 2 * half, (ax, s, truth[ax])
     widths = rounds[-1]["fit"]["widths"]
     assert set(widths) == {"toy/law:sigma*(F) exponent", "toy/law:N*(F) exponent"}
 
@@ -289,3 +294,18 @@ def test_early_stopping_costs_a_trial_by_the_highest_threshold_with_a_law(tmp_pa
     need = 1.25 * np.exp(ad._predict(laws[("toy/law", 1)], cell.sigma, cell.N)[0])
     assert need < BUDGET
     assert p["predicted_cost"] == pytest.approx(4 * need * ad.flops_per_step(cell.trials[0].config, cell.N, 1e15))
+
+
+def test_quickstart_grid_and_adaptive_specs_share_no_seed_run():
+    # the README's grid-vs-adaptive comparison fits two designs: on the same seeds it would compare
+    # mostly the same runs (max_replicates: 1 reruns the grid's own trials)
+    from scaling_rl.sweep import load_spec
+    from scaling_rl.sweep.trial import seed_runs
+    root = Path(__file__).resolve().parents[1] / "sweeps"
+    grid = load_spec(root / "quickstart.yaml")
+    spec = load_spec(root / "quickstart_adaptive.yaml")
+    runs = seed_runs(ad.replicate(t, r) for t in spec.trials for r in range(spec.adaptive.max_replicates))
+    assert len(runs) == 16 * 5 and len(seed_runs(grid.trials)) == 16 * 5
+    assert not runs & seed_runs(grid.trials)
+    # the check itself sees a shared run
+    assert seed_runs([grid.trials[0]]) <= seed_runs(grid.trials)

@@ -69,7 +69,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from scaling_rl.sweep.spec import SpecError, Trial
+from scaling_rl.sweep.trial import SpecError, Trial
 
 KEYS = ("thresholds", "metric", "target", "points", "tolerance", "initial", "batch", "max_rounds",
         "max_compute", "max_replicates", "n_bootstrap", "confirm_bootstrap", "level", "delta")
@@ -579,7 +579,7 @@ def run_adaptive(spec, *, backend: str | None = None, workers: int | None = None
     """Run (or resume) the adaptive study of `spec` to a stop rule; returns the final state."""
     from scaling_rl.io import atomic_write_json
     from scaling_rl.scaling import report
-    from scaling_rl.sweep import run_sweep
+    from scaling_rl.sweep.run import run_sweep
 
     design: Design = spec.adaptive
     cells = cells_of(spec.trials)

@@ -415,7 +415,7 @@ class PackWatcher:
 
 # ---- spec --------------------------------------------------------------------------------------
 def _number(key: str, v: Any, *, lo: float | None = None, lo_open: bool = False, hi: float | None = None) -> float:
-    from scaling_rl.sweep.spec import SpecError
+    from scaling_rl.sweep.trial import SpecError
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise SpecError(f"early_stop.{key}: expected a finite number, got {v!r}")
     if lo is not None and (v <= lo if lo_open else v < lo):
@@ -427,7 +427,7 @@ def _number(key: str, v: Any, *, lo: float | None = None, lo_open: bool = False,
 
 def from_spec(value: Any, *, kind=None, trials=()) -> Rule:
     """The spec's `early_stop:` mapping -> `Rule` (SpecError, one line naming the key, on bad input)."""
-    from scaling_rl.sweep.spec import SpecError
+    from scaling_rl.sweep.trial import SpecError
     if not isinstance(value, dict):
         raise SpecError("early_stop: expected a mapping with keys " + ", ".join(KEYS)
                         + " (e.g. early_stop: {thresholds: [100, 200], margin: 5})")

@@ -232,7 +232,7 @@ def _culprit(spec: Any, trial: Any, need: int, limit: int) -> str:
 def check_spec(spec: Any, backend: str | None = None) -> None:
     """Raise a one-line `SpecError` naming the field when a trial of `spec` cannot fit in memory on
     `backend` (default: the spec's). Nothing is written, nothing is compiled."""
-    from scaling_rl.sweep.spec import SpecError
+    from scaling_rl.sweep.trial import SpecError
 
     backend = backend or spec.backend.get("name", "local")
     if spec.agent not in ESTIMATES or not spec.trials:

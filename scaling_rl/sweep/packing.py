@@ -33,7 +33,7 @@ from scaling_rl.errors import one_line
 from scaling_rl.io import atomic_write_json, atomic_write_parquet
 from scaling_rl.sweep import early_stop, registry
 from scaling_rl.sweep.registry import trial_param_count
-from scaling_rl.sweep.spec import canonical_json
+from scaling_rl.sweep.trial import canonical_json
 from scaling_rl.sweep.store import FINISHED, Store, _now
 
 MAX_PACK = 16

@@ -43,9 +43,7 @@ in one YAML mapping is an error (plain `yaml.safe_load` would keep the last sile
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
-import json
 import math
 import os
 import typing
@@ -55,6 +53,7 @@ from typing import Any
 import yaml
 
 from scaling_rl.sweep import registry
+from scaling_rl.sweep.trial import ID_LEN, SpecError, Trial, canonical_json, trial_id  # noqa: F401 (re-exported)
 
 TOP_KEYS = ("name", "agent", "out_dir", "description", "base", "grid", "zip", "seeds", "seed",
             "env_steps", "backend", "wandb", "pack", "pack_seeds", "checkpoint_every", "compile_cache",
@@ -65,33 +64,6 @@ SLURM_KEYS = ("partition", "time_min", "gpus_per_node", "cpus_per_task", "mem_gb
               "array_parallelism", "max_num_timeout", "additional", "folder")
 RAY_KEYS = ("address", "num_cpus", "num_gpus", "init_num_cpus")
 WANDB_KEYS = ("project", "entity", "mode", "tags")
-ID_LEN = 12
-
-
-class SpecError(ValueError):
-    """A spec problem, reported as one line that names the key."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Trial:
-    """One point of the sweep: an agent config plus how many seeds (vmapped) and the first seed."""
-    agent: str
-    config: dict            # the agent Config as a JSON-ready dict (every field, canonical types)
-    seeds: int
-    seed: int
-    axes: dict              # the swept values that make this trial (for tables)
-
-    @property
-    def id(self) -> str:
-        return trial_id(self.agent, self.config, self.seeds, self.seed)
-
-    def to_json(self) -> dict:
-        return {"trial_id": self.id, "agent": self.agent, "config": self.config,
-                "seeds": self.seeds, "seed": self.seed, "axes": self.axes}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Trial":
-        return cls(d["agent"], d["config"], int(d["seeds"]), int(d["seed"]), d.get("axes", {}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,17 +80,6 @@ class Spec:
     raw: dict                # the YAML as loaded (for the record)
     early_stop: Any = None   # sweep.early_stop.Rule | None
     adaptive: Any = None     # sweep.adaptive.Design | None (then `trials` are the candidates)
-
-
-def canonical_json(obj: Any) -> str:
-    """Key-sorted, whitespace-free JSON with shortest-round-trip floats: the same bytes everywhere."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
-def trial_id(agent: str, config: dict, seeds: int, seed: int) -> str:
-    """Stable id of a trial: sha256 of the canonical JSON of its resolved config."""
-    blob = canonical_json({"agent": agent, "config": config, "seeds": int(seeds), "seed": int(seed)})
-    return hashlib.sha256(blob.encode("ascii")).hexdigest()[:ID_LEN]
 
 
 def _one_line(e: BaseException) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from scaling_rl.io import atomic_write_json
-from scaling_rl.sweep.spec import Trial
+from scaling_rl.sweep.trial import Trial
 
 STATES = ("pending", "running", "done", "failed", "diverged")
 FINISHED = ("done", "diverged")          # never rerun (diverged reruns only when asked)
