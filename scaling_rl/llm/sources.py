@@ -1,6 +1,6 @@
 """The rollout layer: where the trainer gets its groups from and where it sends its weights.
 
-    source = make_source(trainer)      # by `config.rollout`
+    source = make_source(trainer)      # by `config.rollout` (scaling_rl.llm.source_factory)
     data = source.pull()               # one step's groups, as `GRPOTrainer.collect()` returns them
     source.publish(model, version)     # after each update: weights of policy version `version`
     source.close()
@@ -549,22 +549,4 @@ class TBASource:
     def close(self) -> None:
         for w in self.workers:
             w.close()
-
-
-def make_source(trainer):
-    """The source of `trainer.cfg.rollout`, started from the trainer's current weights."""
-    mode = trainer.cfg.rollout
-    if mode == "sync":
-        return SyncSource(trainer)
-    if mode in ("async", "pipeline"):
-        return ProcessSource(trainer, mode)
-    if mode == "tba":
-        return TBASource(trainer)
-    if mode == "hogwild":
-        from scaling_rl.llm.hogwild import HogwildSource
-        return HogwildSource(trainer)
-    if mode == "ray":
-        from scaling_rl.llm.ray_source import RaySource
-        return RaySource(trainer)
-    raise ValueError(f"rollout: {mode!r} is unknown; use one of {SOURCES}")
 

@@ -328,7 +328,7 @@ class GRPOTrainer:
                       if c.selective_rollouts else None)
         self.rows: list[dict] = []
         self.objective = self.policy_objective = None  # built in _set_policy (need max_len)
-        self.source = None               # built in setup(): sources.make_source(self)
+        self.source = None               # built in setup(): source_factory.make_source(self)
         jax_gpu = jax.default_backend() == "gpu" and self.device.type == "cuda"
         self._objective_device = self.device if jax_gpu else torch.device("cpu")
         self.version_log: list[dict] = []  # per step: versions of every consumed completion
@@ -427,7 +427,7 @@ class GRPOTrainer:
         return 400 if tiny else 0
 
     def _start_source(self, state: dict) -> None:
-        from scaling_rl.llm.sources import make_source
+        from scaling_rl.llm.source_factory import make_source
         self.source = make_source(self)
         self.source.load_state_dict(state)
 
