@@ -2,80 +2,20 @@
 modules imports on its own in a fresh interpreter."""
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from import_graph import cycles, import_graph
 
-SWEEP = Path(__file__).resolve().parents[1] / "scaling_rl" / "sweep"
 PKG = "scaling_rl.sweep"
 
 
-def _modules() -> dict[str, Path]:
-    out = {}
-    for p in sorted(SWEEP.glob("*.py")):
-        out[PKG if p.stem == "__init__" else f"{PKG}.{p.stem}"] = p
-    return out
-
-
-def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """module -> the package modules it imports anywhere in its body (top level or inside a function).
-    `from scaling_rl.sweep import x` is an edge to the submodule x when x is one, else to the package.
-    Imports under `if typing.TYPE_CHECKING:` never run and are not edges."""
-    edges: dict[str, set[str]] = {m: set() for m in mods}
-    for m, p in mods.items():
-        tree = ast.parse(p.read_text())
-        typing_only = {id(n) for t in ast.walk(tree) if isinstance(t, ast.If) and "TYPE_CHECKING" in ast.dump(t.test)
-                       for b in t.body for n in ast.walk(b)}
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
-            if isinstance(node, ast.Import):
-                edges[m] |= {a.name for a in node.names if a.name in mods}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in mods:
-                for a in node.names:
-                    sub = f"{node.module}.{a.name}"
-                    edges[m].add(sub if sub in mods else node.module)
-    for m in edges:
-        edges[m].discard(m)
-    return edges
-
-
-def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(edges[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return out
+def sweep_edges() -> dict[str, set[str]]:
+    """The sweep modules' edges to each other (the package-wide graph, restricted)."""
+    graph = import_graph()
+    return {m: {d for d in deps if d == PKG or d.startswith(PKG + ".")}
+            for m, deps in graph.items() if m == PKG or m.startswith(PKG + ".")}
 
 
 def test_cycle_finder_finds_a_circle():
@@ -87,7 +27,7 @@ def test_cycle_finder_finds_a_circle():
 
 
 def test_sweep_package_has_no_import_circle():
-    edges = import_graph(_modules())
+    edges = sweep_edges()
     # the edges that used to close the circle are gone, the validation edges stay one-way
     assert f"{PKG}.adaptive" in edges[f"{PKG}.spec"] and f"{PKG}.early_stop" in edges[f"{PKG}.spec"]
     for m in ("adaptive", "early_stop", "store", "memory", "packing", "trial"):
