@@ -85,8 +85,7 @@ def test_tba_learns_and_resumes_its_replay_buffer(sft_base, tmp_path):
     # runs at tb_beta 0.5, but 0.454 -> 0.450 in one CI run under load (async timing changes what is
     # replayed). That gain is 1-2 standard errors of the difference of two 200-problem evaluations
     # (~0.018), so one run cannot show it reliably: this test asserts TBA does not degrade the policy
-    # beyond that noise (a sign error in the VarGrad loss drives pass@1 far down), and
-    # experiments/async_rl.py measures its learning over seeds.
+    # beyond that noise, and experiments/async_rl.py measures its learning over seeds.
     assert end > start - 0.03, (start, end)
     assert df["replay/size"].iloc[-1] == 128 and df["replay/added"].iloc[-1] >= STEPS * 12
     ckpt = sorted((tmp_path / "tba" / "checkpoints").glob("step_*"))[-1]
