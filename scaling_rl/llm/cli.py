@@ -49,20 +49,26 @@ def load_config_file(path: str) -> dict:
     return data
 
 
-def cmd_grpo(args) -> int:
+def _config_and_run(args, config_cls, run):
+    """The config from --config and KEY=VALUE overrides, then `run(config, args.out)`; bad keys or
+    values and a bad out_dir become one-line usage errors. Returns (config, metrics frame)."""
     cfg = load_config_file(args.config) if args.config else {}
     cfg.update(parse_overrides(args.overrides))
-    from scaling_rl.llm.trainer import GRPOConfig, run
     try:
-        config = GRPOConfig.from_dict(cfg)
+        config = config_cls.from_dict(cfg)
     except (ValueError, TypeError) as e:
         raise _usage_error(str(e).splitlines()[0]) from None
     try:
-        df = run(config, args.out, progress=not args.quiet)
+        return config, run(config, args.out, progress=not args.quiet)
     except ValueError as e:
         if str(e).startswith("out_dir:"):
             raise _usage_error(str(e)) from None
         raise
+
+
+def cmd_grpo(args) -> int:
+    from scaling_rl.llm.trainer import GRPOConfig, run
+    _, df = _config_and_run(args, GRPOConfig, run)
     rewards = df["reward"].dropna() if "reward" in df else []
     acc = df["eval/accuracy"].dropna()
     print(f"grpo: {len(rewards)} steps  reward {rewards.iloc[0] if len(rewards) else float('nan'):.3f}"
@@ -72,19 +78,8 @@ def cmd_grpo(args) -> int:
 
 
 def cmd_dpo(args) -> int:
-    cfg = load_config_file(args.config) if args.config else {}
-    cfg.update(parse_overrides(args.overrides))
     from scaling_rl.llm.dpo import DPOConfig, run
-    try:
-        config = DPOConfig.from_dict(cfg)
-    except (ValueError, TypeError) as e:
-        raise _usage_error(str(e).splitlines()[0]) from None
-    try:
-        df = run(config, args.out, progress=not args.quiet)
-    except ValueError as e:
-        if str(e).startswith("out_dir:"):
-            raise _usage_error(str(e)) from None
-        raise
+    config, df = _config_and_run(args, DPOConfig, run)
     ev = df.dropna(subset=["eval/pref_accuracy"])
     print(f"dpo ({config.scheduler}, noise {config.noise}): {int(df['step'].max())} steps  held-out "
           f"preference accuracy {ev['eval/pref_accuracy'].iloc[0]:.3f} -> "

@@ -222,22 +222,8 @@ class DPOConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DPOConfig":
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - set(fields))
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown DPO config key; known keys: {', '.join(fields)}")
-        out = {}
-        for k, v in d.items():
-            typ = type(fields[k].default)
-            if typ is bool and not isinstance(v, bool):
-                raise ValueError(f"{k}: {v!r} is not a boolean; use true or false")
-            if typ is int and isinstance(v, float) and v != int(v):
-                raise ValueError(f"{k}: {v!r} is not an integer")
-            try:
-                out[k] = typ(v) if not isinstance(v, typ) else v
-            except (TypeError, ValueError):
-                raise ValueError(f"{k}: {v!r} is not a {typ.__name__}") from None
-        return cls(**out)
+        from scaling_rl.llm.trainer import config_from_dict
+        return config_from_dict(cls, d, "DPO")
 
 
 # ---- the trainer --------------------------------------------------------------------------------

@@ -40,6 +40,27 @@ from scaling_rl.llm.tasks import make_task
 EVAL_SEED = 1234  # the held-out evaluation problems do not depend on the run seed
 
 
+def config_from_dict(cls, d: dict[str, Any], what: str):
+    """`cls(**d)` for a flat config dataclass, each value converted to its field default's type;
+    a one-line ValueError for an unknown key or a value of the wrong type (shared by GRPO and DPO)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        raise ValueError(f"{unknown[0]}: unknown {what} config key; known keys: {', '.join(fields)}")
+    out = {}
+    for k, v in d.items():
+        typ = type(fields[k].default)
+        if typ is bool and not isinstance(v, bool):
+            raise ValueError(f"{k}: {v!r} is not a boolean; use true or false")
+        if typ is int and isinstance(v, float) and v != int(v):
+            raise ValueError(f"{k}: {v!r} is not an integer")
+        try:
+            out[k] = typ(v) if not isinstance(v, typ) else v
+        except (TypeError, ValueError):
+            raise ValueError(f"{k}: {v!r} is not a {typ.__name__}") from None
+    return cls(**out)
+
+
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
     # policy
@@ -167,22 +188,7 @@ class GRPOConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GRPOConfig":
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - set(fields))
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown GRPO config key; known keys: {', '.join(fields)}")
-        out = {}
-        for k, v in d.items():
-            typ = type(fields[k].default)
-            if typ is bool and not isinstance(v, bool):
-                raise ValueError(f"{k}: {v!r} is not a boolean; use true or false")
-            try:
-                out[k] = typ(v) if not isinstance(v, typ) else v
-            except (TypeError, ValueError):
-                raise ValueError(f"{k}: {v!r} is not a {typ.__name__}") from None
-            if typ is int and isinstance(v, float) and v != int(v):
-                raise ValueError(f"{k}: {v!r} is not an integer")
-        return cls(**out)
+        return config_from_dict(cls, d, "GRPO")
 
 
 def _is_device(name: str) -> bool:
