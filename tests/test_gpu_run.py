@@ -63,7 +63,7 @@ def test_without_a_gpu_the_run_stops_at_once_with_one_line(tmp_path):
     assert not list(tmp_path.iterdir())
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "run.py"), "--sections", "az"],
                          capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "use letters of abcdef" in bad.stderr
+    assert bad.returncode == 2 and "use letters of abcdefg" in bad.stderr
 
 
 def test_emulated_dry_run_on_the_image_packages(tmp_path):

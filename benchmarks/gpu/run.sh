@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The one GPU call: everything a lent CUDA machine should answer, in ≤ 9 minutes, results under $OUT.
+# The one GPU call: everything a lent CUDA machine should answer, in ≤ 10 minutes (570 s of section budgets), results under $OUT.
 # Runs with the machine's own python3 (no venv travels); scaling_rl comes from this checkout via
 # PYTHONPATH; any wheels under .whl/ are installed first, the way the device README says.
 #   bash benchmarks/gpu/run.sh                  # on any CUDA box: results under $OUT (default runs/gpu)
 #   bash benchmarks/gpu/run.sh --dry            # CPU, tiny sizes (scripts/gpu_emulate.py runs this)
-#   bash benchmarks/gpu/run.sh --sections a,e   # a subset (a b c d e f; see run.py)
+#   bash benchmarks/gpu/run.sh --sections a,e   # a subset (a b c d e f g; see run.py)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
