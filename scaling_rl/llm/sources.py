@@ -243,13 +243,17 @@ def _worker_main(spec: dict, weights_q, out_q, stop_ev) -> None:
                 break
             except queue.Full:
                 poll(False)
-        sampler.stats["blocked_s"] += time.perf_counter() - t0
+        if "blocked_s" in sampler.stats:
+            sampler.stats["blocked_s"] += time.perf_counter() - t0
 
     def allowed(index: int) -> bool:  # the staleness bound: step - version <= η
         return mode == "searcher" or index // P <= sampler.version + eta
 
     next_index = spec["first_index"]
     if mode == "pipeline":
+        # decoding and taking weights interleave per token: only load / CPU time are separable
+        for k in ("gen_s", "gen_cpu_s", "blocked_s"):
+            sampler.stats.pop(k)
         done: dict[int, list] = {}       # group index -> finished sequences
         problems: dict[int, object] = {}
         current = [next_index, cfg.group_size]  # (group being started, members started)
