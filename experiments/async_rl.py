@@ -69,11 +69,14 @@ def run_variant(name: str, eta: int | None, out: Path, base: Path, task: str, st
 
 
 def add_clocks(df):
-    """wall_s: GRPO steps' time so far without the one-off worker start-up (the first step's
-    wait for its first groups, `startup_s`); samples: new completions trained on so far."""
+    """wall_s: GRPO steps' time so far without the one-off worker start-up (`startup_s`: the first
+    step's wait for its groups less the worker's time generating them, which sync pays too, so
+    no mode gets its first step's generation for free); samples: new completions trained on."""
     df = df.copy()
     wait = df["source/wait_s"] if "source/wait_s" in df else df["step_s"] * 0
     startup = float(wait[df["step"] == 1].fillna(0).sum())
+    if "source/worker_gen_s" in df:  # cumulative; at step 1: the first groups' generation
+        startup -= min(startup, float(df.loc[df["step"] == 1, "source/worker_gen_s"].fillna(0).sum()))
     df["startup_s"] = startup
     df["wall_s"] = df["step_s"].fillna(0).cumsum() - startup * (df["step"] >= 1)
     # `rollouts` counts generated completions (async: also groups received ahead of their step),

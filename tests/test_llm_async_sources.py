@@ -61,6 +61,14 @@ def test_areal_async_learns_within_the_staleness_bound(sft_base):
     assert end > start + 0.01, (start, end)
     assert df["trained_on"].iloc[-1] == STEPS * P * G
     assert df["rollouts"].iloc[-1] >= STEPS * P * G   # + groups received ahead of their step
+    # the benchmark's profile: the worker's cumulative generation / CPU time grows, the trainer's
+    # publish and CPU time per step are logged (and the worker really generated: 30 steps' worth)
+    steps = df[df["step"] > 0]
+    gen, cpu = steps["source/worker_gen_s"], steps["source/worker_gen_cpu_s"]
+    assert gen.is_monotonic_increasing and cpu.is_monotonic_increasing and gen.iloc[-1] > 0
+    assert (steps["source/worker_cpu_s"] >= cpu).all()
+    assert (steps["publish_s"] > 0).all() and (steps["publish_s"] < steps["step_s"]).all()
+    assert (steps["step_cpu_s"] > 0).all() and (steps["generation_cpu_s"] >= 0).all()
 
 
 def test_pipeline_inflight_learns_within_the_staleness_bound(sft_base):

@@ -52,6 +52,10 @@ class Group:
     batch: rollout.Batch
     rewards: np.ndarray         # (G,)
     worker: int = 0
+    # the worker's cumulative seconds so far (generating, loading weights, blocked by the
+    # staleness bound or a full queue; CPU seconds generating and of the whole process), on the
+    # last group of each hand-over: the benchmark's profile
+    stats: dict | None = None
 
     @property
     def oldest_version(self) -> int:
@@ -76,11 +80,15 @@ class Sampler:
         self.order, self.cursor = self.rng.permutation(len(self.pool)), 0
         self.eos_ids = rollout.stop_ids(self.model, tokenizer)
         self.version = 0
+        self.stats = {"gen_s": 0.0, "load_s": 0.0, "blocked_s": 0.0, "gen_cpu_s": 0.0,
+                      "cpu_s": 0.0}
 
     def load(self, state: dict, version: int) -> None:
         """New weights, in place (running sequences keep their KV cache)."""
+        t0 = time.perf_counter()
         load_weights(self.model, state)
         self.version = int(version)
+        self.stats["load_s"] += time.perf_counter() - t0
 
     def next_problem(self):
         if self.cursor >= len(self.order):
@@ -225,19 +233,27 @@ def _worker_main(spec: dict, weights_q, out_q, stop_ev) -> None:
         return sampler.version
 
     def put(groups) -> None:
+        sampler.stats["cpu_s"] = time.process_time()   # the whole worker process, every thread
+        groups[-1].stats = dict(sampler.stats)
         item = _pack(groups)
+        t0 = time.perf_counter()
         while alive():
             try:
                 out_q.put(item, timeout=POLL_S)
-                return
+                break
             except queue.Full:
                 poll(False)
+        if "blocked_s" in sampler.stats:
+            sampler.stats["blocked_s"] += time.perf_counter() - t0
 
     def allowed(index: int) -> bool:  # the staleness bound: step - version <= η
         return mode == "searcher" or index // P <= sampler.version + eta
 
     next_index = spec["first_index"]
     if mode == "pipeline":
+        # decoding and taking weights interleave per token: only load / CPU time are separable
+        for k in ("gen_s", "gen_cpu_s", "blocked_s"):
+            sampler.stats.pop(k)
         done: dict[int, list] = {}       # group index -> finished sequences
         problems: dict[int, object] = {}
         current = [next_index, cfg.group_size]  # (group being started, members started)
@@ -272,9 +288,15 @@ def _worker_main(spec: dict, weights_q, out_q, stop_ev) -> None:
     while alive():
         poll(False)
         if not allowed(next_index):
+            t0 = time.perf_counter()
             poll(True)
+            sampler.stats["blocked_s"] += time.perf_counter() - t0
             continue
-        put(sampler.generate(next_index, chunk, worker))
+        t0, c0 = time.perf_counter(), time.process_time()
+        groups = sampler.generate(next_index, chunk, worker)
+        sampler.stats["gen_s"] += time.perf_counter() - t0
+        sampler.stats["gen_cpu_s"] += time.process_time() - c0
+        put(groups)
         next_index += chunk
 
 
@@ -380,6 +402,7 @@ class OrderedSource:
         self.consumed_from: list[int] = []  # the `Group.worker` that generated each of them
         self.wait_s = 0.0
         self.restarts = 0               # workers replaced after dying
+        self.worker_stats: dict = {}    # the latest cumulative `Group.stats` received
 
     def _receive(self, timeout: float) -> list[Group]:
         raise NotImplementedError
@@ -394,6 +417,8 @@ class OrderedSource:
                                    f"{self.timeout_s:.0f} s")
             for g in self._receive(POLL_S * 4):
                 self.trainer.counters["rollouts"] += len(g.rewards)  # generated, used or not
+                if g.stats:
+                    self.worker_stats = g.stats
                 if g.index >= want[0]:  # a group from before a restart is not used twice
                     self.pending.setdefault(g.index, g)
         wait = time.perf_counter() - t0
@@ -404,7 +429,8 @@ class OrderedSource:
         self.consumed_from += [g.worker for g in groups]
         data = assemble(self.trainer, groups)
         data["source"] = {"source/wait_s": wait, "source/queued_groups": len(self.pending),
-                          "source/restarts": self.restarts}
+                          "source/restarts": self.restarts,
+                          **{f"source/worker_{k}": v for k, v in self.worker_stats.items()}}
         return data
 
     def _check(self, groups: list[Group], want: range) -> None:

@@ -582,9 +582,9 @@ class GRPOTrainer:
                                                self.cfg.temperature, with_entropy, micro)
 
     def train_step(self) -> dict:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         data = self.source.pull()
-        t_gen = time.perf_counter() - t0
+        t_gen, c_gen = time.perf_counter() - t0, time.process_time() - c0
         gen = data["generated"]
         row: dict[str, Any] = {
             "step": self.step + 1, "epoch": self.epoch,
@@ -601,11 +601,15 @@ class GRPOTrainer:
             row["groups_used"] = 0
         row.update(data.get("source", {}))
         self.step += 1
+        t_pub = time.perf_counter()
         self.source.publish(self.model, self.step)
         elapsed = time.perf_counter() - t0
         row.update(self.counters)
         row["tokens_per_s"] = row.pop("_step_tokens", 0) / elapsed
         row["generation_s"], row["step_s"] = t_gen, elapsed
+        row["publish_s"] = t0 + elapsed - t_pub
+        # CPU seconds of this process (every thread): wall time on a shared machine is not
+        row["generation_cpu_s"], row["step_cpu_s"] = c_gen, time.process_time() - c0
         return row
 
     def _staleness(self, batch: rollout.Batch) -> dict:
