@@ -1,0 +1,150 @@
+"""Sequence-parallel prefill / log-prob pass over P torch.distributed workers (MR-SP stage 2).
+
+The long sequence (frame tokens + question + completion) is padded at the end to a multiple of P
+and cut into P contiguous slices; worker r runs every layer on its slice only. In each attention
+layer it all-gathers the keys and values of all slices (after RoPE at their global positions),
+and its queries attend to the keys at global positions <= their own (causal). The padding sits
+after every real position, so causality keeps it out of every real query. Log-probs of the
+labels are computed on the worker's slice (only the positions that score a label reach the LM
+head) and all-gathered, so every worker returns the whole (B, L) result, equal to the
+single-process pass up to float32 rounding (the test checks this for lengths P does not divide).
+
+Per worker, activations scale with L / P, the gathered K/V with L, and the attention scores with
+L²/P (one slice of queries against every key). The pass is for no-grad use (old / reference
+log-probs, the prefill): the all-gather carries no gradient.
+
+`launch(fn, world, *args)` forks `world` CPU processes joined by a gloo group (a FileStore, no
+ports) and returns each rank's `fn(rank, world, *args)`; tests and benchmarks/long_rl.py use it.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+from scaling_rl.llm import rollout
+
+
+def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
+    """All-gather equal slices along dim -2 (the sequence) and concatenate them in rank order."""
+    world = dist.get_world_size(group)
+    if world == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=-2)
+
+
+def _layer(layer, x: torch.Tensor, cos, sin, q_pos: torch.Tensor, group) -> torch.Tensor:
+    attn = layer.self_attn
+    if getattr(attn, "sliding_window", None):
+        raise ValueError("sequence parallelism: sliding-window attention layers are not supported")
+    B, C, _ = x.shape
+    h = layer.input_layernorm(x)
+    q = attn.q_proj(h).view(B, C, -1, attn.head_dim).transpose(1, 2)
+    k = attn.k_proj(h).view(B, C, -1, attn.head_dim).transpose(1, 2)
+    v = attn.v_proj(h).view(B, C, -1, attn.head_dim).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    k, v = _gather_seq(k, group), _gather_seq(v, group)          # (B, kv_heads, L_pad, hd)
+    if attn.num_key_value_groups > 1:
+        k = k.repeat_interleave(attn.num_key_value_groups, dim=1)
+        v = v.repeat_interleave(attn.num_key_value_groups, dim=1)
+    mask = torch.arange(k.shape[-2], device=x.device)[None, :] <= q_pos[:, None]   # (C, L_pad)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+    x = x + attn.o_proj(out.transpose(1, 2).reshape(B, C, -1))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+@torch.no_grad()
+def sp_logprobs(model, embeds: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+                group=None) -> torch.Tensor:
+    """log π(labels[:, t] | embeds[:, :t+1]) for every position t, (B, L) float32, 0 where
+    labels < 0; computed over the workers of `group` (all of them hold the same inputs)."""
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    B, L, _ = embeds.shape
+    C = math.ceil(L / world)
+    pad = C * world - L
+    x = F.pad(embeds, (0, 0, 0, pad))[:, rank * C:(rank + 1) * C]
+    lab = F.pad(labels, (0, pad), value=-1)[:, rank * C:(rank + 1) * C]
+    q_pos = torch.arange(rank * C, (rank + 1) * C, device=embeds.device)
+    lm = model.model
+    cos, sin = lm.rotary_emb(x, q_pos[None].expand(B, -1))
+    for layer in lm.layers:
+        x = _layer(layer, x, cos, sin, q_pos, group)
+    x = lm.norm(x)
+    logp = torch.zeros(B, C, dtype=torch.float32, device=x.device)
+    rows, cols = torch.nonzero(lab >= 0, as_tuple=True)
+    if len(rows):
+        logits = model.lm_head(x[rows, cols])
+        logp[rows, cols] = rollout.selective_logprobs(logits, lab[rows, cols], temperature)
+    return _gather_seq(logp[..., None], group)[:, :L, 0]
+
+
+def completion_labels(prefix_len: int, completion_ids: torch.Tensor) -> torch.Tensor:
+    """(B, prefix_len + T - 1) labels: position prefix_len - 1 + j predicts completion token j."""
+    B, T = completion_ids.shape
+    lab = torch.full((B, prefix_len + T - 1), -1, dtype=torch.long, device=completion_ids.device)
+    lab[:, prefix_len - 1:] = completion_ids
+    return lab
+
+
+def sp_completion_logprobs(model, prefix: torch.Tensor, completion_ids: torch.Tensor,
+                           temperature: float = 1.0, group=None) -> torch.Tensor:
+    """`multimodal.video_logprobs` (no grad, no entropy) computed sequence-parallel: (B, T)."""
+    Lp = prefix.shape[1]
+    with torch.no_grad():
+        emb = torch.cat([prefix, model.get_input_embeddings()(completion_ids[:, :-1])], dim=1)
+    return sp_logprobs(model, emb, completion_labels(Lp, completion_ids), temperature,
+                       group)[:, Lp - 1:]
+
+
+# ---- process launcher -------------------------------------------------------------------------
+
+def _worker(fn, rank, world, store_path, args, queue):
+    try:
+        torch.set_num_threads(1)   # forked from a parent that may have used intra-op threads
+        store = dist.FileStore(store_path, world)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+        try:
+            queue.put((rank, fn(rank, world, *args), None))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
+        queue.put((rank, None, traceback.format_exc()))
+
+
+def launch(fn, world: int, *args, timeout: float = 600.0) -> list:
+    """[fn(rank, world, *args) for each rank], each rank in its own forked process, all joined in
+    one gloo process group. A failing rank raises RuntimeError with its traceback."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    fd, store_path = tempfile.mkstemp(prefix="sp_store_")
+    os.close(fd)
+    os.unlink(store_path)
+    procs = [ctx.Process(target=_worker, args=(fn, r, world, store_path, args, queue), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, object] = {}
+    try:
+        for _ in range(world):
+            rank, value, err = queue.get(timeout=timeout)
+            if err is not None:
+                raise RuntimeError(f"sequence-parallel rank {rank} failed:\n{err}")
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        if os.path.exists(store_path):
+            os.unlink(store_path)
+    return [results[r] for r in range(world)]
