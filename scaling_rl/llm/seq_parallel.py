@@ -34,7 +34,7 @@ from scaling_rl.llm import rollout
 
 def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     """All-gather equal slices along dim -2 (the sequence) and concatenate them in rank order."""
-    world = dist.get_world_size(group)
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
     if world == 1:
         return x
     parts = [torch.empty_like(x) for _ in range(world)]
