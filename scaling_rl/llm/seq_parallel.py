@@ -9,8 +9,9 @@ labels are computed on the worker's slice (only the positions that score a label
 head) and all-gathered, so every worker returns the whole (B, L) result, equal to the
 single-process pass up to float32 rounding (the test checks this for lengths P does not divide).
 
-Per worker, activations scale with L / P, the gathered K/V with L, and the attention scores with
-L²/P (one slice of queries against every key). The pass is for no-grad use (old / reference
+Per worker, activations scale with L / P and the gathered K/V with L; on CPU the attention is
+two fused flash-attention calls per layer (the slice's causal diagonal block, and every earlier
+key) merged by their log-sum-exps, so no score matrix is materialised. The pass is for no-grad use (old / reference
 log-probs, the prefill): the all-gather carries no gradient.
 
 `launch(fn, world, *args)` forks `world` CPU processes joined by a gloo group (a FileStore, no
@@ -42,6 +43,26 @@ def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     return torch.cat(parts, dim=-2)
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float):
+    """Causal attention of the queries at global positions start.. start + C - 1 over the gathered
+    keys. On CPU: the diagonal block (causal) and the keys before it (all visible) are two fused
+    flash-attention calls merged by their log-sum-exps (the ring-attention merge), so no C x L
+    score matrix is ever materialised and the keys after the slice are never read. Elsewhere an
+    explicit (C, L) mask."""
+    C = q.shape[-2]
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if q.device.type != "cpu" or op is None:
+        q_pos = torch.arange(start, start + C, device=q.device)
+        mask = torch.arange(k.shape[-2], device=q.device)[None, :] <= q_pos[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    diag, lse_d = op(q, k[..., start:start + C, :], v[..., start:start + C, :], 0.0, True, scale=scale)
+    if start == 0:
+        return diag
+    past, lse_p = op(q, k[..., :start, :], v[..., :start, :], 0.0, False, scale=scale)
+    lse = torch.logaddexp(lse_d, lse_p)
+    return diag * torch.exp(lse_d - lse)[..., None] + past * torch.exp(lse_p - lse)[..., None]
+
+
 def _layer(layer, x: torch.Tensor, cos, sin, q_pos: torch.Tensor, group) -> torch.Tensor:
     attn = layer.self_attn
     if getattr(attn, "sliding_window", None):
@@ -56,8 +77,7 @@ def _layer(layer, x: torch.Tensor, cos, sin, q_pos: torch.Tensor, group) -> torc
     if attn.num_key_value_groups > 1:
         k = k.repeat_interleave(attn.num_key_value_groups, dim=1)
         v = v.repeat_interleave(attn.num_key_value_groups, dim=1)
-    mask = torch.arange(k.shape[-2], device=x.device)[None, :] <= q_pos[:, None]   # (C, L_pad)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+    out = _attend(q, k, v, int(q_pos[0]), attn.scaling)
     x = x + attn.o_proj(out.transpose(1, 2).reshape(B, C, -1))
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
