@@ -131,7 +131,10 @@ def test_split_encoding_across_workers_equals_one_process(video_model):
 
 
 def _sp_pass(rank, world, model, prefix, completion):
-    return sp_completion_logprobs(model, prefix, completion).numpy()
+    whole = sp_completion_logprobs(model, prefix, completion).numpy()
+    # pieces: frame tokens | question (views); only this worker's slice is built from them
+    pieces = [prefix[:, :37], prefix[:, 37:]]
+    return whole, sp_completion_logprobs(model, pieces, completion).numpy()
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -141,8 +144,9 @@ def test_sequence_parallel_logprobs_equal_single_process(video_model, sp_inputs,
     L = prefix.shape[1] + completion.shape[1] - 1
     assert L % world  # 43 tokens: the last slice is padded
     outs = launch(_sp_pass, world, model, prefix, completion)
-    for out in outs:
-        np.testing.assert_allclose(out, ref.numpy(), atol=2e-6, rtol=1e-5)
+    for whole, pieces in outs:
+        np.testing.assert_allclose(whole, ref.numpy(), atol=2e-6, rtol=1e-5)
+        np.testing.assert_array_equal(pieces, whole)
     # and the same function without a process group is the plain pass
     with torch.no_grad():
         emb = torch.cat([prefix, model.get_input_embeddings()(completion[:, :-1])], dim=1)

@@ -82,19 +82,37 @@ def _layer(layer, x: torch.Tensor, cos, sin, q_pos: torch.Tensor, group) -> torc
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
+def _local_slice(parts, start: int, end: int) -> torch.Tensor:
+    """Positions [start, end) of the concatenation of `parts` ((B, L_i, H) tensors, possibly
+    expanded views), zero-padded past the end; only this slice is materialised."""
+    out, offset = [], 0
+    for p in parts:
+        a, b = max(start, offset), min(end, offset + p.shape[1])
+        if a < b:
+            out.append(p[:, a - offset:b - offset])
+        offset += p.shape[1]
+    x = torch.cat(out, dim=1) if out else parts[0][:, :0]
+    return F.pad(x, (0, 0, 0, end - start - x.shape[1]))
+
+
 @torch.no_grad()
-def sp_logprobs(model, embeds: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+def sp_logprobs(model, embeds, labels: torch.Tensor, temperature: float = 1.0,
                 group=None) -> torch.Tensor:
-    """log π(labels[:, t] | embeds[:, :t+1]) for every position t, (B, L) float32, 0 where
-    labels < 0; computed over the workers of `group` (all of them hold the same inputs)."""
+    """log π(labels[:, t] | inputs[:, :t+1]) for every position t, (B, L) float32, 0 where
+    labels < 0, computed over the workers of `group` (all of them hold the same inputs).
+    `embeds`: the (B, L, H) input embeddings, or a list of pieces concatenated along the sequence
+    (e.g. frame tokens expanded over a group, question, completion): each worker materialises
+    only its slice."""
+    parts = list(embeds) if isinstance(embeds, (list, tuple)) else [embeds]
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
-    B, L, _ = embeds.shape
+    B, L = labels.shape
+    if sum(p.shape[1] for p in parts) != L:
+        raise ValueError(f"labels: length {L} differs from the inputs' {sum(p.shape[1] for p in parts)}")
     C = math.ceil(L / world)
-    pad = C * world - L
-    x = F.pad(embeds, (0, 0, 0, pad))[:, rank * C:(rank + 1) * C]
-    lab = F.pad(labels, (0, pad), value=-1)[:, rank * C:(rank + 1) * C]
-    q_pos = torch.arange(rank * C, (rank + 1) * C, device=embeds.device)
+    x = _local_slice(parts, rank * C, (rank + 1) * C)
+    lab = F.pad(labels, (0, C * world - L), value=-1)[:, rank * C:(rank + 1) * C]
+    q_pos = torch.arange(rank * C, (rank + 1) * C, device=x.device)
     lm = model.model
     cos, sin = lm.rotary_emb(x, q_pos[None].expand(B, -1))
     for layer in lm.layers:
@@ -116,14 +134,23 @@ def completion_labels(prefix_len: int, completion_ids: torch.Tensor) -> torch.Te
     return lab
 
 
-def sp_completion_logprobs(model, prefix: torch.Tensor, completion_ids: torch.Tensor,
+def sp_completion_logprobs(model, prefix, completion_ids: torch.Tensor,
                            temperature: float = 1.0, group=None) -> torch.Tensor:
-    """`multimodal.video_logprobs` (no grad, no entropy) computed sequence-parallel: (B, T)."""
-    Lp = prefix.shape[1]
+    """`multimodal.video_logprobs` (no grad, no entropy) computed sequence-parallel: (B, T).
+    `prefix`: (B, Lp, H) prompt embeddings or a list of pieces (see `sp_logprobs`)."""
+    parts = list(prefix) if isinstance(prefix, (list, tuple)) else [prefix]
+    Lp = sum(p.shape[1] for p in parts)
     with torch.no_grad():
-        emb = torch.cat([prefix, model.get_input_embeddings()(completion_ids[:, :-1])], dim=1)
-    return sp_logprobs(model, emb, completion_labels(Lp, completion_ids), temperature,
+        parts.append(model.get_input_embeddings()(completion_ids[:, :-1]))
+    return sp_logprobs(model, parts, completion_labels(Lp, completion_ids), temperature,
                        group)[:, Lp - 1:]
+
+
+def video_pieces(model, video_tokens: torch.Tensor, question_ids: torch.Tensor, rows: int):
+    """Prompt pieces for `sp_completion_logprobs`: one video's (N, H) frame tokens and the question,
+    expanded (views, no copies) over `rows` rollouts."""
+    q = model.get_input_embeddings()(question_ids)
+    return [video_tokens[None].expand(rows, -1, -1), q[None].expand(rows, -1, -1)]
 
 
 # ---- process launcher -------------------------------------------------------------------------
