@@ -29,6 +29,7 @@ import resource
 import sys
 import time
 
+import numpy as np
 import torch
 
 from scaling_rl.llm.models import char_tokenizer, tiny_model
@@ -167,6 +168,13 @@ def main(argv=None) -> int:
               f"{v} {longest[v] if longest[v] else 'none'}" + (" (the longest measured: may fit more)"
                                                                if longest[v] == frames[-1] else "")
               for v in longest))
+    # per-worker peak is close to linear in length here: slope of a least-squares line through 0
+    L = np.asarray(frames, dtype=float)
+    slope = {v: float(L @ mem[v].to_numpy() / (L @ L)) for v in ("naive", "cache", "cache+sp")}
+    print("frames at the cap from a line through 0 fitted to peak vs frames (an interpolation on the "
+          "measured range, extrapolated beyond it): " + ", ".join(
+              f"{v} {cap / slope[v]:.0f}" for v in slope)
+          + f"; cache+sp / cache {slope['cache'] / slope['cache+sp']:.2f}x")
     common = [n for n in frames if all(n in f for f in fit.values())]
     if common:
         n = common[-1]
