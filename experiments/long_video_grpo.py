@@ -5,7 +5,7 @@
 
 Each length is one `multimodal=video` GRPO run (scaling_rl.llm.video_grpo) with the same budget:
 a short SFT warm start (encoder + LM), then GRPO with the encoder frozen and the embedding cache
-on. Frames are pooled `--frames-per-token` at a time, so 1024 frames are 256 frame tokens. The
+on. Frames are encoded `--frames-per-token` at a time, so 1024 frames are 256 frame tokens. The
 table is held-out greedy accuracy (`--eval-problems` problems; chance is 1 / video_events) by
 step, with a binomial standard error, and the sampled training reward of the last steps; the run
 directories hold the full metrics. One seed per length: a difference between lengths smaller
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--frames", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--frames-per-token", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--sft-steps", type=int, default=150)
+    ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-problems", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)

@@ -67,13 +67,13 @@ def test_sampling_logprobs_match_scoring_pass(video_model, sp_inputs):
     torch.testing.assert_close(logp[m], b.logp[m], atol=1e-5, rtol=1e-5)
 
 
-def test_frames_per_token_pools_frames(video_model):
+def test_frames_per_token_groups_frames(video_model):
     model, _ = video_model
     pooled = video_lm_from(tiny_model(char_tokenizer(), hidden_size=32, num_heads=4), frame_dim=8,
                            encoder_hidden=16, frames_per_token=4)
     x = torch.randn(1, 12, 8)
     assert pooled.encode_frames(x).shape == (1, 3, 32)
-    assert pooled.frame_encoder.flops(12) == 2 * 3 * (8 * 16 + 16 * 32)
+    assert pooled.frame_encoder.flops(12) == 2 * 3 * (4 * 8 * 16 + 16 * 32)
     with pytest.raises(ValueError, match="frames_per_token"):
         pooled.encode_frames(torch.randn(1, 10, 8))
 

@@ -1,8 +1,9 @@
 """A multimodal (video) causal LM: a small frame encoder projecting into a Qwen2 LM's embeddings.
 
 `VideoLM` is a `Qwen2ForCausalLM` with one extra submodule, `frame_encoder`: frames (F, frame_dim)
-are average-pooled `frames_per_token` at a time and mapped by an MLP (frame_dim -> encoder_hidden
--> hidden_size) to F / frames_per_token "frame tokens" in the LM's embedding space. The prompt the
+are grouped `frames_per_token` at a time (concatenated) and mapped by an MLP (frame_dim x
+frames_per_token -> encoder_hidden -> hidden_size) to F / frames_per_token "frame tokens" in the
+LM's embedding space. The prompt the
 LM sees is `inputs_embeds` = frame tokens + the question's token embeddings (Long-RL's layout:
 video first, then text). It is registered with the transformers Auto classes (model_type
 "video_qwen2"), so `save_pretrained` / `load_policy(path)` round-trip the encoder with the LM.
@@ -32,12 +33,13 @@ class VideoLMConfig(Qwen2Config):
 
 
 class FrameEncoder(nn.Module):
-    """(B, F, frame_dim) frames -> (B, F / frames_per_token, hidden) frame tokens."""
+    """(B, F, frame_dim) frames -> (B, F / frames_per_token, hidden) frame tokens: each token is an
+    MLP of `frames_per_token` consecutive frames concatenated (a short clip; nothing averaged away)."""
 
     def __init__(self, frame_dim: int, encoder_hidden: int, hidden_size: int, frames_per_token: int):
         super().__init__()
         self.frames_per_token = frames_per_token
-        self.fc1 = nn.Linear(frame_dim, encoder_hidden)
+        self.fc1 = nn.Linear(frame_dim * frames_per_token, encoder_hidden)
         self.fc2 = nn.Linear(encoder_hidden, hidden_size)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
@@ -45,12 +47,11 @@ class FrameEncoder(nn.Module):
         k = self.frames_per_token
         if n % k:
             raise ValueError(f"frames: {n} is not divisible by frames_per_token={k}")
-        pooled = frames.reshape(B, n // k, k, d).mean(2)
-        return self.fc2(F.gelu(self.fc1(pooled)))
+        return self.fc2(F.gelu(self.fc1(frames.reshape(B, n // k, k * d))))
 
     def flops(self, n_frames: int) -> int:
-        """Multiply-adds x 2 of encoding `n_frames` frames (the two matmuls; pooling and GELU,
-        O(frames x width), are not counted)."""
+        """Multiply-adds x 2 of encoding `n_frames` frames (the two matmuls; GELU and biases,
+        O(tokens x width), are not counted)."""
         tokens = n_frames // self.frames_per_token
         return 2 * tokens * (self.fc1.in_features * self.fc1.out_features
                              + self.fc2.in_features * self.fc2.out_features)

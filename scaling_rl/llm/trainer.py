@@ -132,7 +132,7 @@ class GRPOConfig:
     frames: int = 256                 # video: frames per video
     frame_dim: int = 16               # video: pixels per frame
     frame_encoder_hidden: int = 64    # video: the frame encoder MLP's hidden width
-    frames_per_token: int = 1         # video: frames average-pooled into one frame token
+    frames_per_token: int = 1         # video: consecutive frames encoded into one frame token
     video_events: int = 4             # video: the answer (flash count) is in 1..video_events
     # bookkeeping
     eval_every: int = 10
