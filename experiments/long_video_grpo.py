@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scaling_rl.llm.trainer import run
+from scaling_rl.llm.grpo_run import run
 
 
 def main(argv=None) -> int:

@@ -194,3 +194,9 @@ def test_grpo_cli_multimodal_video(tmp_path, capsys):
 def test_video_config_errors(bad, msg):
     with pytest.raises(ValueError, match=msg):
         GRPOConfig.from_dict({**FAST, **bad})
+
+
+def test_plain_trainer_run_refuses_multimodal(tmp_path):
+    from scaling_rl.llm import trainer
+    with pytest.raises(ValueError, match="multimodal: 'video' needs its trainer"):
+        trainer.run(FAST, tmp_path / "r")

@@ -191,7 +191,7 @@ class GRPOConfig:
         need(self.prompts_per_step * self.group_size % self.num_minibatches == 0, "num_minibatches",
              "must divide prompts_per_step * group_size")
         if self.multimodal:
-            from scaling_rl.llm.video_grpo import check_config as _check_video
+            from scaling_rl.llm.video_task import check_config as _check_video
             _check_video(self)
         if self.rollout == "hogwild":
             from scaling_rl.llm.hogwild import check_config
@@ -767,8 +767,9 @@ def run(config: dict | GRPOConfig, out_dir, *, progress: bool = False,
     sio.atomic_write_json(cfg_path, resolved)
     with _torch_threads(cfg.torch_threads):
         torch.manual_seed(cfg.seed)
-        if trainer_cls is None and cfg.multimodal == "video":
-            from scaling_rl.llm.video_grpo import VideoGRPOTrainer as trainer_cls
+        if trainer_cls is None and cfg.multimodal:
+            raise ValueError(f"multimodal: {cfg.multimodal!r} needs its trainer; call "
+                             "scaling_rl.llm.grpo_run.run (the CLI does)")
         trainer = (trainer_cls or GRPOTrainer)(cfg, out)
         try:
             trainer.setup(progress)

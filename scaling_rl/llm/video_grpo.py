@@ -1,6 +1,7 @@
 """GRPO on the long-video counting task with a frame encoder + LM policy (`multimodal=video`).
 
     scaling-rl grpo --out runs/video multimodal=video frames=256 frame_encoder_hidden=64 steps=40
+    scaling_rl.llm.grpo_run.run({"multimodal": "video", "frames": 256}, "runs/video")
 
 `VideoGRPOTrainer` is the GRPO trainer with video prompts: the tiny Qwen2 LM is wrapped in a
 `VideoLM` (a fresh frame encoder), the SFT warm start trains encoder and LM on reference answers,
@@ -22,22 +23,6 @@ from scaling_rl.llm import rollout
 from scaling_rl.llm.multimodal import EmbeddingCache, sample_video, video_lm_from, video_logprobs
 from scaling_rl.llm.trainer import EVAL_SEED, GRPOTrainer, _completion_tensors
 from scaling_rl.llm.video_task import QUESTION, VideoCountTask
-
-
-def check_config(cfg) -> None:
-    """One-line ValueErrors for settings the video trainer cannot run."""
-    def need(cond, key, what):
-        if not cond:
-            raise ValueError(f"{key}: {getattr(cfg, key)!r} {what}")
-    need(cfg.multimodal in ("", "video"), "multimodal", "is unknown; use video (or leave it empty)")
-    need(cfg.rollout == "sync", "rollout", "must be sync with multimodal=video")
-    need(cfg.model in ("tiny", "tiny:qwen2") or bool(cfg.init_from), "model",
-         "must be tiny / tiny:qwen2 with multimodal=video (or init_from a saved video policy)")
-    for key in ("frames", "frame_dim", "frame_encoder_hidden", "frames_per_token", "video_events"):
-        need(getattr(cfg, key) >= 1, key, "must be >= 1")
-    need(cfg.frames % cfg.frames_per_token == 0, "frames",
-         f"is not divisible by frames_per_token={cfg.frames_per_token}")
-    need(not cfg.bf16, "bf16", "is not supported with multimodal=video")
 
 
 class VideoGRPOTrainer(GRPOTrainer):

@@ -68,3 +68,19 @@ class VideoCountTask:
         if not finished or not (len(text) == 1 and text.isdigit()):
             return 0.0
         return 1.0 if int(text) == problem.target else self.format_reward
+
+
+def check_config(cfg) -> None:
+    """One-line ValueErrors for settings the video trainer cannot run."""
+    def need(cond, key, what):
+        if not cond:
+            raise ValueError(f"{key}: {getattr(cfg, key)!r} {what}")
+    need(cfg.multimodal in ("", "video"), "multimodal", "is unknown; use video (or leave it empty)")
+    need(cfg.rollout == "sync", "rollout", "must be sync with multimodal=video")
+    need(cfg.model in ("tiny", "tiny:qwen2") or bool(cfg.init_from), "model",
+         "must be tiny / tiny:qwen2 with multimodal=video (or init_from a saved video policy)")
+    for key in ("frames", "frame_dim", "frame_encoder_hidden", "frames_per_token", "video_events"):
+        need(getattr(cfg, key) >= 1, key, "must be >= 1")
+    need(cfg.frames % cfg.frames_per_token == 0, "frames",
+         f"is not divisible by frames_per_token={cfg.frames_per_token}")
+    need(not cfg.bf16, "bf16", "is not supported with multimodal=video")
