@@ -200,3 +200,4 @@ def test_plain_trainer_run_refuses_multimodal(tmp_path):
     from scaling_rl.llm import trainer
     with pytest.raises(ValueError, match="multimodal: 'video' needs its trainer"):
         trainer.run(FAST, tmp_path / "r")
+    assert not (tmp_path / "r").exists()

@@ -752,6 +752,9 @@ def run(config: dict | GRPOConfig, out_dir, *, progress: bool = False,
     `trainer_cls` (a GRPOTrainer subclass) lets a caller add checks, e.g. the sweep's divergence test.
     """
     cfg = config if isinstance(config, GRPOConfig) else GRPOConfig.from_dict(dict(config))
+    if trainer_cls is None and cfg.multimodal:
+        raise ValueError(f"multimodal: {cfg.multimodal!r} needs its trainer; call "
+                         "scaling_rl.llm.grpo_run.run (the CLI does)")
     out = Path(out_dir)
     # not config.json: a sweep engine running this as a trial owns that file in the trial dir
     cfg_path = out / "grpo_config.json"
@@ -767,9 +770,6 @@ def run(config: dict | GRPOConfig, out_dir, *, progress: bool = False,
     sio.atomic_write_json(cfg_path, resolved)
     with _torch_threads(cfg.torch_threads):
         torch.manual_seed(cfg.seed)
-        if trainer_cls is None and cfg.multimodal:
-            raise ValueError(f"multimodal: {cfg.multimodal!r} needs its trainer; call "
-                             "scaling_rl.llm.grpo_run.run (the CLI does)")
         trainer = (trainer_cls or GRPOTrainer)(cfg, out)
         try:
             trainer.setup(progress)
