@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import tempfile
 import traceback
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -178,8 +179,12 @@ def launch(fn, world: int, *args, timeout: float = 600.0) -> list:
     os.unlink(store_path)
     procs = [ctx.Process(target=_worker, args=(fn, r, world, store_path, args, queue), daemon=True)
              for r in range(world)]
-    for p in procs:
-        p.start()
+    with warnings.catch_warnings():
+        # JAX (imported by the trainer's objectives) warns on every fork; the workers run torch
+        # and gloo only and never call into JAX, so its threads' state is never needed there
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        for p in procs:
+            p.start()
     results: dict[int, object] = {}
     try:
         for _ in range(world):
