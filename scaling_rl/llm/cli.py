@@ -67,7 +67,8 @@ def _config_and_run(args, config_cls, run):
 
 
 def cmd_grpo(args) -> int:
-    from scaling_rl.llm.trainer import GRPOConfig, run
+    from scaling_rl.llm.grpo_run import run
+    from scaling_rl.llm.trainer import GRPOConfig
     _, df = _config_and_run(args, GRPOConfig, run)
     rewards = df["reward"].dropna() if "reward" in df else []
     acc = df["eval/accuracy"].dropna()

@@ -126,6 +126,14 @@ class GRPOConfig:
     hogwild_layout: str = "contiguous"  # hogwild: contiguous | interleaved (scaling_rl.llm.hogwild)
     hogwild_step_tokens: int = 8      # hogwild interleaved: tokens per step committed to the history
     hogwild_prompt: bool = False      # hogwild: tell the workers they collaborate (prompt + headers)
+    # multimodal (scaling_rl.llm.video_grpo): "video" trains a frame encoder + LM on the long-video
+    # counting task (task is then ignored); the encoder is trained in SFT, frozen in GRPO
+    multimodal: str = ""              # "" | "video"
+    frames: int = 256                 # video: frames per video
+    frame_dim: int = 16               # video: pixels per frame
+    frame_encoder_hidden: int = 64    # video: the frame encoder MLP's hidden width
+    frames_per_token: int = 1         # video: consecutive frames encoded into one frame token
+    video_events: int = 4             # video: the answer (flash count) is in 1..video_events
     # bookkeeping
     eval_every: int = 10
     checkpoint_every: int = 10
@@ -182,6 +190,9 @@ class GRPOConfig:
              f"must divide prompts_per_step={self.prompts_per_step} for rollout=ray")
         need(self.prompts_per_step * self.group_size % self.num_minibatches == 0, "num_minibatches",
              "must divide prompts_per_step * group_size")
+        if self.multimodal:
+            from scaling_rl.llm.video_task import check_config as _check_video
+            _check_video(self)
         if self.rollout == "hogwild":
             from scaling_rl.llm.hogwild import check_config
             check_config(self)
@@ -394,11 +405,7 @@ class GRPOTrainer:
             row0 = {"step": 0}
             sft_steps = self.sft_steps()
             if sft_steps:
-                info = sft(self.model, self.tokenizer, self.task, steps=sft_steps,
-                           batch_size=c.sft_batch_size, lr=c.sft_lr, seed=c.seed,
-                           max_len=self.max_len, target_accuracy=c.sft_target_accuracy,
-                           log=print if progress else None, chat_template=c.chat_template,
-                           autocast=self.autocast)
+                info = self._warm_start(sft_steps, progress)
                 row0.update({f"sft/{k}": v for k, v in info.items()})
             row0.update(self.evaluate())
             if base_dir is not None:
@@ -420,6 +427,13 @@ class GRPOTrainer:
         elif self.out_dir and (self.out_dir / "metrics.parquet").exists():
             self.rows = pd.read_parquet(self.out_dir / "metrics.parquet").query("step == 0") \
                 .to_dict("records")
+
+    def _warm_start(self, steps: int, progress: bool) -> dict:
+        c = self.cfg
+        return sft(self.model, self.tokenizer, self.task, steps=steps, batch_size=c.sft_batch_size,
+                   lr=c.sft_lr, seed=c.seed, max_len=self.max_len,
+                   target_accuracy=c.sft_target_accuracy, log=print if progress else None,
+                   chat_template=c.chat_template, autocast=self.autocast)
 
     def sft_steps(self) -> int:
         """SFT steps before RL: opt-in for pretrained weights (SFT at `sft_lr` would rewrite them),
@@ -742,6 +756,9 @@ def run(config: dict | GRPOConfig, out_dir, *, progress: bool = False,
     `trainer_cls` (a GRPOTrainer subclass) lets a caller add checks, e.g. the sweep's divergence test.
     """
     cfg = config if isinstance(config, GRPOConfig) else GRPOConfig.from_dict(dict(config))
+    if trainer_cls is None and cfg.multimodal:
+        raise ValueError(f"multimodal: {cfg.multimodal!r} needs its trainer; call "
+                         "scaling_rl.llm.grpo_run.run (the CLI does)")
     out = Path(out_dir)
     # not config.json: a sweep engine running this as a trial owns that file in the trial dir
     cfg_path = out / "grpo_config.json"
