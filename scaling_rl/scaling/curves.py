@@ -81,7 +81,6 @@ class DataEfficiency:
     g_jack: np.ndarray                    # (S, G, nJ) leave-seed-s-out best D_J
     g_jack_left: np.ndarray               # (S, G, nJ)
     interp_error: str = "uniform"         # interpolation uncertainty added to the bootstrap rows
-    g_min: np.ndarray | None = None       # (G, nJ) plain minimum over configurations where cross-fitted, else NaN
 
     def fit_data(self, j: int, mask: np.ndarray | None = None):
         """Indices, point D_J (G',) and bootstrap D_J (K, G') of the (task, σ, N) points usable in a fit
@@ -173,15 +172,8 @@ class DataEfficiency:
         if reason is None and cens > fitting.MAX_FAIL:
             reason = f"censored (never reaches J) in {cens:.0%} of the resamples"
         Y = np.where(np.isfinite(self.g_boot[:, g, j]), self.g_boot[:, g, j], np.nan)
-        rec = fitting.interval(D, Y, self.g_jack[:, g, j], level=level,
-                               inflation=fitting.seed_inflation(n, n - 1, level), n_total=len(Y), reason=reason)
-        # A cross-fitted D_J is that of the configuration the data choose: above the best configuration's when
-        # the optimum is peaked and the choice on half the seeds errs (peaked B*, 5 seeds: covered 0.74), while
-        # the plain minimum is below it (the luckiest wins). The interval reaches down to the minimum.
-        m = self.g_min[g, j] if self.g_min is not None else np.nan
-        if rec.get("lo") is not None and np.isfinite(m) and m < rec["lo"]:
-            rec["lo"], rec["extended_to_min"] = float(m), True
-        return rec
+        return fitting.interval(D, Y, self.g_jack[:, g, j], level=level,
+                                inflation=fitting.seed_inflation(n, n - 1, level), n_total=len(Y), reason=reason)
 
     def hparam_samples(self, field: str) -> tuple[np.ndarray, np.ndarray]:
         """Uncertainty-corrected optimum of `field` per group (G,) and per bootstrap sample (K, G):
@@ -388,7 +380,6 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
     groups["param_count"] = groups["param_count"].replace(-1.0, np.nan)
     G = len(groups)
     g_point = np.full((G, nJ), np.inf)
-    g_min = np.full((G, nJ), np.nan)
     g_best = np.full((G, nJ), -1)
     g_boot = np.full((K, G, nJ), np.inf)
     g_boot_best = np.full((K, G, nJ), -1)
@@ -405,7 +396,6 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
         g_boot[:, g] = np.take_along_axis(bs, ab[:, None], axis=1)[:, 0]
         g_boot_best[:, g] = np.where(np.isfinite(g_boot[:, g]), m[ab], -1)
         if crossfit[m].all():
-            g_min[g] = g_point[g]
             g_point[g] = _crossfit(half_point[:, m][:, None])[0]
             g_boot[:, g] = _centre_on(_crossfit(half_boot[:, :, m]), g_point[g])
             g_best[g] = np.where(np.isfinite(g_point[g]), g_best[g], -1)
@@ -430,8 +420,7 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
     if n_x:
         notes.append(f"{n_x} (task, σ, N) cell(s) with several configurations: D_J cross-fitted (best configuration "
                      "chosen on half of the seeds, D_J estimated on the other half, both ways, geometric mean), so "
-                     "the choice does not bias D_J low; its interval reaches down to the plain minimum over configurations "
-                     "(the cross-fitted value is the chosen configuration's, above the best's when the choice errs)")
+                     "the choice does not bias D_J low")
     if n_fallback:
         notes.append(f"{n_fallback} (task, σ, N) cell(s) with several configurations but fewer than "
                      f"{CROSSFIT_MIN_SEEDS} seeds in some configuration: D_J is the minimum over configurations "
@@ -457,4 +446,4 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
                  "the two log points around the crossing of the isotonic seed-mean curve")
     return DataEfficiency(thr, norm, cfg, point, boot, groups, g_point, g_best, g_boot, g_boot_best,
                           iso, means, notes, g_left, g_boot_left, g_resolution, jack, g_jack, g_jack_left,
-                          interp_error, g_min)
+                          interp_error)
