@@ -70,8 +70,8 @@ def _ci(p: dict) -> str:
     if p.get("lo") is None or p.get("hi") is None:
         why = p.get("reason")
         return f"{_g(p['estimate'], 4)} (no interval{': ' + why if why else ''})"
-    mark = ("ᵇ" if p.get("method") == "BCa" else "") + (" (interval cut at the searched box)" if p.get("clipped_to_box")
-                                                         else "")
+    mark = ("ᵇ" if p.get("method") == "BCa" else "") + ("ʷ" if p.get("widened_for_lack_of_fit") else "") + (
+        " (interval cut at the searched box)" if p.get("clipped_to_box") else "")
     return f"{_g(p['estimate'], 4)} [{_g(p['lo'])}, {_g(p['hi'])}]{mark}"
 
 
@@ -100,6 +100,13 @@ def _param_table(recs: list[dict], keys: list[str], head: list[str]) -> list[str
         cells += [law] + [_ci(r["params"][p]) if p in r["params"] else "—" for p in params] + [
             _g(r["r2_log"], 4), _g(r.get("rse_log")), _g(r.get("aicc"), 4), str(r["n_points"]), _n_ok(r)]
         lines.append("| " + " | ".join(cells) + " |")
+    for r in recs:
+        lof = r.get("lack_of_fit") or {}
+        if lof.get("misspecified"):
+            where = ", ".join(f"{h} = {_g(r.get(k))}" for k, h in zip(keys, head))
+            lines += ["", f"ʷ {where}: law misspecified — lack-of-fit F = {_g(lof['F'])} on ({_g(lof['dof'][0])}, "
+                          f"{_g(lof['dof'][1])}) dof, p = {_g(lof['p'], 2)}: the residuals exceed the seed noise, so its "
+                          f"intervals (and the optima and budget laws from it) are widened ×√F = {_g(lof['widen'])}"]
     return lines
 
 
