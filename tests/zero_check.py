@@ -41,20 +41,22 @@ def per_device_shapes(state, mesh):
 def main():
     mesh = parallel.make_mesh(4)
     out = {"devices": jax.device_count()}
-    which = sys.argv[1:] or ["crl", "sac"]
+    which = sys.argv[1:] or ["crl", "sac", "clip"]
     keys = [jax.random.PRNGKey(10 + i) for i in range(STEPS)]
 
     if "crl" in which:
         out["crl"] = check_crl(mesh, keys)
     if "sac" in which:
         out["sac"] = check_sac(mesh, keys)
+    if "clip" in which:
+        out["clip"] = check_clip(mesh)
     print(json.dumps(out))
 
 
 def check_crl(mesh, keys):
     # CRL: deep-ish scanned encoder (8 Dense layers), whole update.
     cfg = crl.Config(env="point_maze/open", num_envs=4, env_steps=512, learning_starts=64, chunk_env_steps=64,
-                     batch_size=32, width=16, depth=8, actor_width=8, actor_depth=4, repr_dim=8,
+                     batch_size=32, width=16, depth=4, actor_width=8, actor_depth=4, repr_dim=8,
                      buffer_size=256, eval_episodes=1, episode_length=64)
     rep, zro = crl.make(cfg, mesh=mesh), crl.make(dataclasses.replace(cfg, zero_optimizer=True), mesh=mesh)
     state = jax.jit(rep.init)(jax.random.PRNGKey(0))
@@ -88,10 +90,34 @@ def check_sac(mesh, keys):
     out = {"params": max_diff(nets_a, nets_b), "metrics": max_diff(ma, mb),
                   "change": max_diff(nets_a, {k: state.learner[k] for k in nets_a}),
                   "shapes": per_device_shapes(zstate.learner["opt"], mesh)}
-    # the same SAC update without clipping: the clip must have mattered in the run above
-    unclipped = sac.make(dataclasses.replace(scfg, max_grad_norm=0.0), mesh=mesh)
-    c, _ = run(unclipped.update, jax.jit(unclipped.init)(jax.random.PRNGKey(0)).learner, batches, keys)
-    out["clip_effect"] = max_diff(nets_a, {k: c[k] for k in nets_a})
+    return out
+
+
+def check_clip(mesh):
+    """ZeRO-1 with max_grad_norm vs optax's clip_by_global_norm + SGD-momentum on the whole gradient (a
+    gradient of norm ~ 10 against a threshold of 1, so clipping fires; a sharded leaf, a whole-kept
+    odd-sized leaf and a scalar); also the unclipped update, which must differ."""
+    import optax
+    from jax.sharding import PartitionSpec as P
+    params = {"w": jnp.arange(24.0).reshape(8, 3) / 10, "b": jnp.ones((3,)), "s": jnp.asarray(0.5)}
+    grads_per_device = jax.tree.map(lambda p: jnp.stack([p * (i + 1) for i in range(4)]), params)
+    out = {}
+    for clip in (1.0, 0.0):
+        tx = optax.sgd(1e-1, momentum=0.9)  # linear in g: Adam's first step would hide the scale
+        opt = zero.ShardedOptimizer(tx, 4, max_grad_norm=clip)
+        state = opt.init(params)
+
+        def f(g, s, p):
+            return opt.step(jax.tree.map(lambda x: x[0], g), 1, s, p)
+        specs = zero.state_specs(state)
+        new, _ = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("data"), specs, P()),
+                                       out_specs=(P(), specs)))(grads_per_device, state, params)
+        mean = jax.tree.map(lambda g: jnp.mean(g, 0), grads_per_device)
+        ref_tx = optax.chain(optax.clip_by_global_norm(clip), tx) if clip else tx
+        ref = optax.apply_updates(params, ref_tx.update(mean, ref_tx.init(params), params)[0])
+        out["clipped" if clip else "unclipped"] = {"vs_optax": max_diff(new, ref), "new": new}
+    out["clip_effect"] = max_diff(out["clipped"].pop("new"), out["unclipped"].pop("new"))
+    out["grad_norm"] = float(optax.global_norm(jax.tree.map(lambda g: jnp.mean(g, 0), grads_per_device)))
     return out
 
 
