@@ -31,6 +31,7 @@ def test_zero_update_equals_replicated(four_devices, algo):
     assert r["change"] > 1e-5, r            # the updates moved the parameters
     assert r["params"] <= 1e-6, r           # ... identically up to float summation order
     assert r["metrics"] <= 1e-5, r
+    assert r["init_same_shapes"], r          # the agent's own ZeRO init builds this state layout
 
 
 def test_clipping_uses_the_global_norm_of_the_whole_gradient(four_devices):

@@ -16,7 +16,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
 from scaling_rl import parallel, replay, goal_replay, zero  # noqa: E402
-from scaling_rl.agents import crl, sac  # noqa: E402
+from scaling_rl.agents import common, crl, sac  # noqa: E402
 
 STEPS = 2
 
@@ -30,6 +30,11 @@ def run(update, learner, batches, keys):
     for b, k in zip(batches, keys):
         learner, aux = f(learner, b, k)
     return learner, aux
+
+
+def same_shapes(a, b) -> bool:
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def per_device_shapes(state, mesh):
@@ -60,7 +65,12 @@ def check_crl(mesh, keys):
                      buffer_size=256, eval_episodes=1, episode_length=64)
     rep, zro = crl.make(cfg, mesh=mesh), crl.make(dataclasses.replace(cfg, zero_optimizer=True), mesh=mesh)
     state = jax.jit(rep.init)(jax.random.PRNGKey(0))
-    zstate = jax.jit(zro.init)(jax.random.PRNGKey(0))
+    # the ZeRO learner from the same params (saves compiling the second init); the agent's own ZeRO init
+    # is checked to build the same state structure and shapes (traced, not compiled)
+    opt = zero.ShardedOptimizer(common.make_adam(cfg.lr), 4)
+    zlearner = state.learner.replace(opt_state=opt.init(state.learner.params))
+    same = same_shapes(jax.eval_shape(zro.init, jax.random.PRNGKey(0)).learner, zlearner)
+    zstate = state.replace(learner=zlearner)
     batches = [dict(zip(("state", "action", "goal"), (lambda n, f, _: (n["state"], n["action"], f["achieved"]))(
         *goal_replay.sample(state.buffer, jax.random.PRNGKey(20 + i), cfg.batch_size, cfg.gamma))))
         for i in range(STEPS)]
@@ -68,7 +78,7 @@ def check_crl(mesh, keys):
     b, mb = run(zro.update, zstate.learner, batches, keys)
     return {"params": max_diff(a.params, b.params), "metrics": max_diff(ma, mb),
                   "change": max_diff(a.params, state.learner.params),
-                  "init_params": max_diff(state.learner.params, zstate.learner.params),
+                  "init_same_shapes": same,
                   "shapes": per_device_shapes(zstate.learner.opt_state, mesh),
                   "rep_shapes": [list(x.shape) for x in jax.tree.leaves(state.learner.opt_state)]}
 
@@ -81,7 +91,12 @@ def check_sac(mesh, keys):
     scfg = sac.Config(depth=2, weight_decay=0.1, max_grad_norm=0.05, **small)
     rep, zro = sac.make(scfg, mesh=mesh), sac.make(dataclasses.replace(scfg, zero_optimizer=True), mesh=mesh)
     state = jax.jit(rep.init)(jax.random.PRNGKey(0))
-    zstate = jax.jit(zro.init)(jax.random.PRNGKey(0))
+    L = state.learner
+    adamw = lambda lr: zero.ShardedOptimizer(common.make_optimizer(lr, scfg.weight_decay, 0.0), 4)  # noqa: E731
+    zlearner = {**L, "opt": {"actor": adamw(scfg.lr).init(L["actor"]), "critic": adamw(scfg.lr).init(L["critic"]),
+                             "alpha": zero.ShardedOptimizer(common.make_adam(scfg.alpha_lr), 4).init(L["log_alpha"])}}
+    same = same_shapes(jax.eval_shape(zro.init, jax.random.PRNGKey(0)).learner, zlearner)
+    zstate = state.replace(learner=zlearner)
     batches = [replay.sample(state.replay, jax.random.PRNGKey(30 + i), scfg.batch_size) for i in range(STEPS)]
     a, ma = run(rep.update, state.learner, batches, keys)
     b, mb = run(zro.update, zstate.learner, batches, keys)
@@ -89,7 +104,7 @@ def check_sac(mesh, keys):
     nets_b = {k: b[k] for k in ("actor", "critic", "log_alpha")}
     out = {"params": max_diff(nets_a, nets_b), "metrics": max_diff(ma, mb),
                   "change": max_diff(nets_a, {k: state.learner[k] for k in nets_a}),
-                  "shapes": per_device_shapes(zstate.learner["opt"], mesh)}
+                  "shapes": per_device_shapes(zstate.learner["opt"], mesh), "init_same_shapes": same}
     return out
 
 
