@@ -45,6 +45,7 @@ from scaling_rl import envs as envs_lib
 from scaling_rl import goal_replay
 from scaling_rl import nets
 from scaling_rl import parallel
+from scaling_rl import zero
 from scaling_rl.agents import common
 
 ENERGIES = ("l2", "l2_squared", "dot", "cosine")
@@ -101,6 +102,7 @@ class Config:
     compute_dtype: str = "float32"    # backbone matmuls: float32 | bfloat16
     eval_episodes: int = 32
     data_parallel: bool = False
+    zero_optimizer: bool = False      # ZeRO-1: Adam moments sharded over the data mesh (scaling_rl/zero.py)
 
     def __post_init__(self):
         for key in ("num_envs", "env_steps", "chunk_env_steps", "batch_size", "width", "depth",
@@ -379,12 +381,22 @@ def make(cfg: Config, mesh=None, *, encoder_cls=None, actor_cls=None) -> common.
         return critic_loss + actor_loss + alpha_loss, aux
 
     value_and_grad = parallel.data_parallel_value_and_grad(loss_fn, mesh)
+    if cfg.zero_optimizer and mesh is None:
+        raise ValueError("zero_optimizer: needs a data mesh; set data_parallel=True or pass mesh=")
+    sharded = zero.ShardedOptimizer(optimizer, parallel.mesh_size(mesh)) if cfg.zero_optimizer else None
+    zero_step = zero.zero_update(loss_fn, sharded, mesh) if sharded else None
+
+    def opt_init(params):
+        return sharded.init(params) if sharded else optimizer.init(params)
 
     def update(learner: Learner, batch: dict, key: jax.Array) -> tuple[Learner, dict]:
         """One gradient step on a relabelled batch {state, action, goal[, noise]} (noise: the actor's
         reparameterisation noise, drawn from `key` unless given, so results do not depend on sharding)."""
         if "noise" not in batch:
             batch = {**batch, "noise": jax.random.normal(key, (batch["state"].shape[0], a_dim))}
+        if sharded:
+            params, opt_state, _, aux = zero_step(learner.params, learner.opt_state, batch, None)
+            return Learner(params, opt_state), aux
         (_, aux), grads = value_and_grad(learner.params, batch, None)
         updates, opt_state = optimizer.update(grads, learner.opt_state, learner.params)
         return Learner(optax.apply_updates(learner.params, updates), opt_state), aux
@@ -436,7 +448,7 @@ def make(cfg: Config, mesh=None, *, encoder_cls=None, actor_cls=None) -> common.
         env_state, obs = env.reset(k_env)
         n = cfg.num_envs
         state = TrainState(
-            learner=Learner(params, optimizer.init(params)), env_state=env_state, obs=obs,
+            learner=Learner(params, opt_init(params)), env_state=env_state, obs=obs,
             buffer=goal_replay.init(rows, n, example_step), rng=rng,
             env_steps=jnp.zeros((), jnp.int32), grad_steps=jnp.zeros((), jnp.int32),
             chunk=jnp.zeros((), jnp.int32), ep_at_goal=jnp.zeros((n,), jnp.float32),

@@ -33,6 +33,7 @@ import optax
 
 from scaling_rl import nets
 from scaling_rl import parallel
+from scaling_rl import zero
 from scaling_rl.agents import common
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -56,6 +57,7 @@ class Config(common.BaseConfig):
     alpha_lr: float = 3e-4
     init_alpha: float = 1.0
     target_entropy: float | None = None  # None: -action_dim
+    zero_optimizer: bool = False      # ZeRO-1: optimiser states sharded over the data mesh (scaling_rl/zero.py)
 
     def _validate(self) -> None:
         super()._validate()
@@ -148,9 +150,20 @@ def make(cfg: Config, mesh=None) -> common.Agent:
     critic = Critic(critic_backbone(cfg))
     actor = Actor(actor_backbone(cfg), act_dim)
     target_entropy = -float(act_dim) if cfg.target_entropy is None else float(cfg.target_entropy)
-    critic_opt = common.make_optimizer(cfg.lr, cfg.weight_decay, cfg.max_grad_norm)
-    actor_opt = common.make_optimizer(cfg.actor_lr or cfg.lr, cfg.weight_decay, cfg.max_grad_norm)
+    if cfg.zero_optimizer and mesh is None:
+        raise ValueError("zero_optimizer: needs a data mesh; set data_parallel=True or pass mesh=")
+    # ZeRO-1 clips by the global norm across shards itself (zero.py), so its optax chains do not
+    clip = 0.0 if cfg.zero_optimizer else cfg.max_grad_norm
+    critic_opt = common.make_optimizer(cfg.lr, cfg.weight_decay, clip)
+    actor_opt = common.make_optimizer(cfg.actor_lr or cfg.lr, cfg.weight_decay, clip)
     alpha_opt = common.make_adam(cfg.alpha_lr)
+    sharded = None
+    if cfg.zero_optimizer:
+        n = parallel.mesh_size(mesh)
+        sharded = {"actor": zero.ShardedOptimizer(actor_opt, n, max_grad_norm=cfg.max_grad_norm),
+                   "critic": zero.ShardedOptimizer(critic_opt, n, max_grad_norm=cfg.max_grad_norm),
+                   "log_alpha": zero.ShardedOptimizer(alpha_opt, n)}
+        opt_key = {"actor": "actor", "critic": "critic", "log_alpha": "alpha"}
     agg = cfg.critic_agg
 
     def critic_apply(params, obs, action):  # -> (num_critics, B)
@@ -167,7 +180,10 @@ def make(cfg: Config, mesh=None) -> common.Agent:
         return {"actor": actor_params, "critic": critic_params, "target_critic": critic_params,
                 "log_alpha": log_alpha,
                 "opt": {"actor": actor_opt.init(actor_params), "critic": critic_opt.init(critic_params),
-                        "alpha": alpha_opt.init(log_alpha)}}
+                        "alpha": alpha_opt.init(log_alpha)} if sharded is None else
+                       {"actor": sharded["actor"].init(actor_params),
+                        "critic": sharded["critic"].init(critic_params),
+                        "alpha": sharded["log_alpha"].init(log_alpha)}}
 
     def targets(actor_params, target_critic, log_alpha, batch, noise_next):
         mean, log_std = actor.apply(actor_params, batch["next_obs"])
@@ -193,6 +209,7 @@ def make(cfg: Config, mesh=None) -> common.Agent:
         return critic_loss + actor_loss + alpha_loss, aux
 
     value_and_grad = parallel.data_parallel_value_and_grad(loss_fn, mesh)
+    zero_step = zero.zero_update(loss_fn, sharded, mesh) if sharded else None
 
     def with_noise(batch, key):
         k_next, k_pi = jax.random.split(key)
@@ -202,6 +219,12 @@ def make(cfg: Config, mesh=None) -> common.Agent:
 
     def update(learner, batch, key):
         params = {k: learner[k] for k in ("actor", "critic", "log_alpha")}
+        if sharded:
+            states = {k: learner["opt"][opt_key[k]] for k in sharded}
+            new, states, _, aux = zero_step(params, states, with_noise(batch, key), learner["target_critic"])
+            new["target_critic"] = common.polyak_update(learner["target_critic"], new["critic"], cfg.tau)
+            new["opt"] = {opt_key[k]: v for k, v in states.items()}
+            return new, aux
         (_, aux), grads = value_and_grad(params, with_noise(batch, key), learner["target_critic"])
         opt = learner["opt"]
         new, new_opt = {}, {}
