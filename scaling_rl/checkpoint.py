@@ -27,11 +27,18 @@ def _is_key(x: Any) -> bool:
 
 
 def to_host(tree: Any) -> Any:
-    """Owned numpy copies of every leaf (typed PRNG keys become their uint32 key data)."""
+    """Owned numpy copies of every leaf (typed PRNG keys become their uint32 key data). An array
+    replicated over devices of several processes (a multi-process mesh) is read from this
+    process's first shard, which holds all of it."""
 
     def leaf(x):
         if _is_key(x):
             x = jax.random.key_data(x)
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if not x.is_fully_replicated:
+                raise ValueError(f"an array of shape {x.shape} is split across processes; "
+                                 "only replicated arrays can be copied to one host")
+            x = x.addressable_shards[0].data
         return np.array(jax.device_get(x), copy=True)
 
     return jax.tree.map(leaf, tree)
@@ -43,7 +50,7 @@ def _storable_abstract(abstract: Any) -> Any:
     def leaf(x):
         sharding = getattr(x, "sharding", None)
         if sharding is None:
-            sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         if _is_key(x):
             data = jax.eval_shape(jax.random.key_data, x)
             return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
