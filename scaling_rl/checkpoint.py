@@ -60,7 +60,13 @@ def _storable_abstract(abstract: Any) -> Any:
 
 
 def _rewrap_keys(restored: Any, abstract: Any) -> Any:
+    """Typed keys back from their key data. Leaves whose abstract value has no sharding come back
+    uncommitted (placed by the first program that uses them, as a fresh init's are), so a state
+    restored on one device feeds a program over a mesh of several devices or processes."""
+
     def leaf(x, a):
+        if getattr(a, "sharding", None) is None:
+            x = jax.numpy.asarray(np.asarray(x))
         if _is_key(a):
             return jax.random.wrap_key_data(x, impl=a.dtype._impl.name)  # works for abstract `a`
         return x

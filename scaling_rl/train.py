@@ -918,8 +918,10 @@ def _main(args: argparse.Namespace) -> int:
         import jax
 
         print(f"scaling-rl: error: process {jax.process_index()} of {n_processes}: "
-              f"{type(e).__name__}: {_one_line(e)}", file=sys.stderr)
-        return 1
+              f"{type(e).__name__}: {_one_line(e)}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # exit now: JAX's shutdown barrier at interpreter exit would wait for the dead peer and abort
+        os._exit(1)
     if not multiprocess.is_primary():
         return 0
     summary = json.loads((Path(args.out) / "status.json").read_text()).get("summary", {})
