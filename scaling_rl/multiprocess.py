@@ -97,6 +97,15 @@ def process_index() -> int:
     return jax.process_index()
 
 
+def process_count() -> int:
+    """How many processes this trial runs as (1 without `initialize`)."""
+    if requested_processes() <= 1:
+        return 1
+    import jax
+
+    return jax.process_count()
+
+
 def is_primary() -> bool:
     """Whether this process writes the run directory (process 0)."""
     return process_index() == 0

@@ -713,7 +713,10 @@ class _Run:
             io.atomic_write_parquet(self.metrics_path, df)
         if self.primary:
             _try_plot(df, self.out / "curve.png", self.title)
+        from scaling_rl import multiprocess
+
         summary = _summary(df, {"param_count": int(self.agent.param_count), "seeds": self.seeds,
+                                "processes": multiprocess.process_count(),
                                 "startup_s": self.startup_s, "program_cache": self.programs.statuses()})
         done = {"status": "done", "chunk": self.end, "num_chunks": self.num_chunks, "summary": summary}
         if self.stopped is not None:
