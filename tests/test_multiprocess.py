@@ -2,7 +2,6 @@
 one process with the same number of devices computes: the data-parallel mesh spans processes unchanged
 (issue 24, part 1), and what one process with one device computes, to float summation order."""
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,13 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scaling_rl.multiprocess import free_port
+
 CHECK = Path(__file__).with_name("multiprocess_check.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _result(proc) -> dict:
@@ -27,7 +22,7 @@ def _result(proc) -> dict:
 
 @pytest.fixture(scope="module")
 def runs():
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, str(CHECK), "proc", str(i), "2", str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     singles = [subprocess.Popen([sys.executable, str(CHECK), "devices", str(n)],
