@@ -136,7 +136,7 @@ def test_a_sweep_trial_runs_as_two_processes_under_slurm(tmp_path, slurm):
     spec.write_text(yaml.safe_dump({
         "name": "mpslurm", "agent": "sac", "out_dir": str(tmp_path / "store"), "env_steps": 64, "seeds": 1,
         "base": base, "grid": {"width": [16]},
-        "backend": {"name": "slurm", "slurm": {"time_min": 5, "tasks_per_node": 2, "cpus_per_task": 1}}}))
+        "backend": {"name": "slurm", "slurm": {"time_min": 20, "tasks_per_node": 2, "cpus_per_task": 1}}}))
     proc = subprocess.run([sys.executable, "-m", "scaling_rl.cli", "sweep", "run", str(spec), "--no-progress"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
