@@ -34,6 +34,7 @@ ENV_NUM_PROCESSES = "SCALING_RL_NUM_PROCESSES"
 ENV_PROCESS_ID = "SCALING_RL_PROCESS_ID"
 HEARTBEAT_S = int(os.environ.get("SCALING_RL_HEARTBEAT_S", "10"))
 INIT_TIMEOUT_S = int(os.environ.get("SCALING_RL_INIT_TIMEOUT_S", "120"))
+COLLECTIVE_TIMEOUT_S = int(os.environ.get("SCALING_RL_COLLECTIVE_TIMEOUT_S", "600"))
 GRACE_S = float(os.environ.get("SCALING_RL_GRACE_S", "20"))
 
 
@@ -76,6 +77,12 @@ def initialize() -> int:
         # CPU devices of different processes talk over gloo (TCP); without it cross-process
         # collectives are unimplemented on CPU
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # gloo's rendezvous and collectives give up after 30 s by default: too short when one process
+        # compiles a program much later than the other (a loaded machine); a dead peer is caught by
+        # the heartbeat instead
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_cpu_collective_timeout_seconds" not in flags:
+            os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_collective_timeout_seconds={COLLECTIVE_TIMEOUT_S}".strip()
     if launched():
         _die_with_parent()
     kw = dict(initialization_timeout=INIT_TIMEOUT_S, heartbeat_timeout_seconds=HEARTBEAT_S,
