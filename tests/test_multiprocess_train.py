@@ -128,6 +128,7 @@ def test_checkpoints_move_between_process_counts(scenario):
     assert not np.allclose(two["loss/critic"].to_numpy(), 0.0)   # it trained
 
 
+@pytest.mark.slurm
 def test_a_sweep_trial_runs_as_two_processes_under_slurm(tmp_path, slurm):
     """The Slurm backend with `tasks_per_node: 2`: each array element is 2 srun tasks, i.e. one
     trial over 2 JAX processes (process 0 claims it and writes the store, process 1 follows)."""
