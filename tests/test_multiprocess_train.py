@@ -147,3 +147,15 @@ def test_a_sweep_trial_runs_as_two_processes_under_slurm(tmp_path, slurm):
     status = json.loads((store.trial_dir(tid) / "status.json").read_text())
     assert status["summary"]["processes"] == 2
     assert list(_metrics(store.trial_dir(tid))["chunk"]) == [0, 1]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--processes", "2"], "--processes 2: the learner must span the processes; add --set data_parallel=true"),
+    (["--processes", "0"], "--processes: must be >= 1, got 0"),
+])
+def test_processes_bad_input_is_one_line_exit_2(tmp_path, capsys, extra, message):
+    from scaling_rl import cli
+
+    assert cli.main(["train", "--agent", "sac", "--out", str(tmp_path / "r"), *extra]) == 2
+    assert capsys.readouterr().err == f"scaling-rl: error: {message}\n"
+    assert not (tmp_path / "r").exists()
