@@ -32,7 +32,7 @@ import time
 ENV_COORDINATOR = "SCALING_RL_COORDINATOR"
 ENV_NUM_PROCESSES = "SCALING_RL_NUM_PROCESSES"
 ENV_PROCESS_ID = "SCALING_RL_PROCESS_ID"
-HEARTBEAT_S = int(os.environ.get("SCALING_RL_HEARTBEAT_S", "10"))
+HEARTBEAT_S = int(os.environ.get("SCALING_RL_HEARTBEAT_S", "60"))   # a starved process must not look dead
 INIT_TIMEOUT_S = int(os.environ.get("SCALING_RL_INIT_TIMEOUT_S", "120"))
 COLLECTIVE_TIMEOUT_S = int(os.environ.get("SCALING_RL_COLLECTIVE_TIMEOUT_S", "600"))
 GRACE_S = float(os.environ.get("SCALING_RL_GRACE_S", "20"))
@@ -85,8 +85,7 @@ def initialize() -> int:
             os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_collective_timeout_seconds={COLLECTIVE_TIMEOUT_S}".strip()
     if launched():
         _die_with_parent()
-    kw = dict(initialization_timeout=INIT_TIMEOUT_S, heartbeat_timeout_seconds=HEARTBEAT_S,
-              shutdown_timeout_seconds=INIT_TIMEOUT_S)
+    kw = dict(initialization_timeout=INIT_TIMEOUT_S, heartbeat_timeout_seconds=HEARTBEAT_S)
     if launched():
         jax.distributed.initialize(coordinator_address=os.environ[ENV_COORDINATOR], num_processes=n,
                                    process_id=int(os.environ[ENV_PROCESS_ID]), **kw)
