@@ -666,8 +666,6 @@ class _Run:
 
     def _step(self, compiled, chunk: int):
         """Train one chunk (and evaluate after it, when scheduled): (host metrics, its timed rows, wall time)."""
-        import jax
-
         t0 = time.perf_counter()
         from scaling_rl.checkpoint import to_host
 
