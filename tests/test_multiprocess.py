@@ -16,7 +16,7 @@ CHECK = Path(__file__).with_name("multiprocess_check.py")
 
 def _result(proc) -> dict:
     out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == 0, err[-6000:]
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -25,9 +25,9 @@ def runs():
     port = free_port()
     procs = [subprocess.Popen([sys.executable, str(CHECK), "proc", str(i), "2", str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    two_procs = [_result(p) for p in procs]   # alone: a starved process stalls its partner
     singles = [subprocess.Popen([sys.executable, str(CHECK), "devices", str(n)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (2, 1)]
-    two_procs = [_result(p) for p in procs]
     one_proc, one_device = (_result(p) for p in singles)
     return two_procs, one_proc, one_device
 
