@@ -27,11 +27,18 @@ def _is_key(x: Any) -> bool:
 
 
 def to_host(tree: Any) -> Any:
-    """Owned numpy copies of every leaf (typed PRNG keys become their uint32 key data)."""
+    """Owned numpy copies of every leaf (typed PRNG keys become their uint32 key data). An array
+    replicated over devices of several processes (a multi-process mesh) is read from this
+    process's first shard, which holds all of it."""
 
     def leaf(x):
         if _is_key(x):
             x = jax.random.key_data(x)
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if not x.is_fully_replicated:
+                raise ValueError(f"an array of shape {x.shape} is split across processes; "
+                                 "only replicated arrays can be copied to one host")
+            x = x.addressable_shards[0].data
         return np.array(jax.device_get(x), copy=True)
 
     return jax.tree.map(leaf, tree)
@@ -43,7 +50,7 @@ def _storable_abstract(abstract: Any) -> Any:
     def leaf(x):
         sharding = getattr(x, "sharding", None)
         if sharding is None:
-            sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         if _is_key(x):
             data = jax.eval_shape(jax.random.key_data, x)
             return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
@@ -53,7 +60,13 @@ def _storable_abstract(abstract: Any) -> Any:
 
 
 def _rewrap_keys(restored: Any, abstract: Any) -> Any:
+    """Typed keys back from their key data. Leaves whose abstract value has no sharding come back
+    uncommitted (placed by the first program that uses them, as a fresh init's are), so a state
+    restored on one device feeds a program over a mesh of several devices or processes."""
+
     def leaf(x, a):
+        if getattr(a, "sharding", None) is None:
+            x = jax.numpy.asarray(np.asarray(x))
         if _is_key(a):
             return jax.random.wrap_key_data(x, impl=a.dtype._impl.name)  # works for abstract `a`
         return x

@@ -360,8 +360,11 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
             raise ConfigError(f"out: {out} holds a different run ({_first_difference(old_record, record)}); "
                               "use a new --out or the same config to resume")
     out.mkdir(parents=True, exist_ok=True)
-    with _exclusive(out):
-        if not config_path.exists():
+    from scaling_rl import multiprocess
+
+    primary = multiprocess.is_primary()   # several processes (multiprocess.py): process 0 writes
+    with _exclusive(out) if primary else contextlib.nullcontext():
+        if primary and not config_path.exists():
             io.atomic_write_json(config_path, {**record, "param_count": int(agent.param_count),
                                                "num_chunks": int(agent.num_chunks),
                                                "versions": _versions()})
@@ -575,6 +578,10 @@ class _Run:
                       f"batch {getattr(cfg, 'batch_size', '?')} lr {getattr(cfg, 'lr', '?')} · "
                       f"N={agent.param_count:,}")
         self.programs = _Programs(agent_name, mod, cfg, agent, seeds, seed, seed_hparams)
+        from scaling_rl import multiprocess
+
+        # every process runs the programs and takes part in checkpoint saves; process 0 writes the rest
+        self.primary = multiprocess.is_primary()
         self.ckpt = Checkpointer(out / "checkpoints", max_to_keep=2)
         self.logger = None
         self.bar = None
@@ -597,7 +604,7 @@ class _Run:
             self.rows = [dict(r) for r in meta["rows"]]
             self.wall_offset = float(meta.get("wall_time", 0.0))
         self.start = start
-        io.atomic_write_json(self.status_path, {"status": "running", "chunk": start, "num_chunks": self.num_chunks})
+        self._write_json(self.status_path, {"status": "running", "chunk": start, "num_chunks": self.num_chunks})
         if self.stop is not None and 0 < start < self.num_chunks and self.rows:
             # killed after the decision but before status.json said done: the rule is a pure
             # function of the table, so asking it again on the restored rows gives the same answer
@@ -613,10 +620,10 @@ class _Run:
             self.state = self.programs.init_state()
         compiled = self.programs.compile_chunk(self.state)
         self.startup_s = time.perf_counter() - self.t_start
-        if wandb_opts:
+        if wandb_opts and self.primary:
             self.logger = WandbLogger(wandb_opts, out_dir=str(self.out), agent=self.agent_name,
                                       config=dataclasses.asdict(self.cfg), seeds=self.seeds)
-        self.bar = Progress(progress, total=self.num_chunks, completed=self.start,
+        self.bar = Progress(progress and self.primary, total=self.num_chunks, completed=self.start,
                             description=f"{self.agent_name.rsplit('.', 1)[-1]} ×{self.seeds}")
         for chunk in range(self.start, self.num_chunks):
             if self._chunk(compiled, chunk):
@@ -630,7 +637,8 @@ class _Run:
         metrics, new_rows, wall = self._step(compiled, chunk)
         self.rows.extend(new_rows)
         df = metrics_frame(self.rows)
-        io.atomic_write_parquet(self.metrics_path, df)
+        if self.primary:
+            io.atomic_write_parquet(self.metrics_path, df)
         self._check_finite(chunk, metrics, new_rows, df)
 
         if self.logger is not None:
@@ -645,7 +653,7 @@ class _Run:
             self.ckpt.save(chunk + 1, self.state, {"chunk": chunk + 1, "rows": self.rows, "wall_time": wall,
                                                    "num_chunks": self.num_chunks})
         if not last and self.stopped is None:
-            io.atomic_write_json(self.status_path, {"status": "running", "chunk": chunk + 1,
+            self._write_json(self.status_path, {"status": "running", "chunk": chunk + 1,
                                                     "num_chunks": self.num_chunks,
                                                     "env_steps": new_rows[0]["env_steps"]})
         self.bar.update(chunk + 1, steps=new_rows[0]["env_steps"],
@@ -658,14 +666,14 @@ class _Run:
 
     def _step(self, compiled, chunk: int):
         """Train one chunk (and evaluate after it, when scheduled): (host metrics, its timed rows, wall time)."""
-        import jax
-
         t0 = time.perf_counter()
+        from scaling_rl.checkpoint import to_host
+
         self.state, metrics = compiled(self.state)
-        metrics = jax.device_get(metrics)
+        metrics = to_host(metrics)   # also reads arrays replicated over several processes
         chunk_time = time.perf_counter() - t0
         if self.do_eval and chunk in self.eval_at:
-            evaluated = jax.device_get(self.programs.evaluate(self.state, chunk))
+            evaluated = to_host(self.programs.evaluate(self.state, chunk))
             for key, value in evaluated.items():
                 metrics[key if key.startswith("eval") else f"eval_{key}"] = value
         eval_time = time.perf_counter() - t0 - chunk_time
@@ -686,10 +694,11 @@ class _Run:
         step = max(r["env_steps"] for r in new_rows)
         bad_seeds = sorted({s for key in bad for s in range(seeds)
                             if not np.all(np.isfinite(np.asarray(metrics[key], np.float64)[s]))})
-        io.atomic_write_json(self.status_path, {
+        self._write_json(self.status_path, {
             "status": "diverged", "step": step, "chunk": chunk, "num_chunks": self.num_chunks,
             "metrics": bad, "seeds": bad_seeds})
-        _try_plot(df, self.out / "curve.png", self.title)
+        if self.primary:
+            _try_plot(df, self.out / "curve.png", self.title)
         if self.logger is not None:
             self.logger.log(new_rows)
         raise Diverged(step, f"diverged at env step {step}: {', '.join(bad)} non-finite (seeds {bad_seeds})")
@@ -698,21 +707,29 @@ class _Run:
         """Declare the run done: the table (rewritten when missing or when this call ran no
         chunk), the curve, status.json `done` with the summary (and the stop decision); the table."""
         df = metrics_frame(self.rows)
-        if not self.metrics_path.exists() or self.start == self.end:
+        if self.primary and (not self.metrics_path.exists() or self.start == self.end):
             io.atomic_write_parquet(self.metrics_path, df)
-        _try_plot(df, self.out / "curve.png", self.title)
+        if self.primary:
+            _try_plot(df, self.out / "curve.png", self.title)
+        from scaling_rl import multiprocess
+
         summary = _summary(df, {"param_count": int(self.agent.param_count), "seeds": self.seeds,
+                                "processes": multiprocess.process_count(),
                                 "startup_s": self.startup_s, "program_cache": self.programs.statuses()})
         done = {"status": "done", "chunk": self.end, "num_chunks": self.num_chunks, "summary": summary}
         if self.stopped is not None:
             done["stopped"] = self.stopped
-        io.atomic_write_json(self.status_path, done)
+        self._write_json(self.status_path, done)
         if self.logger is not None:
             self.logger.run.summary.update(summary)
         return df
 
+    def _write_json(self, path: Path, obj) -> None:
+        if self.primary:
+            io.atomic_write_json(path, obj)
+
     def write_failed(self, e: BaseException) -> None:
-        io.atomic_write_json(self.status_path, {"status": "failed", "error": f"{type(e).__name__}: "
+        self._write_json(self.status_path, {"status": "failed", "error": f"{type(e).__name__}: "
                                                 f"{_one_line(e)}", "num_chunks": self.num_chunks})
 
     def close(self, finished: bool) -> None:
@@ -817,7 +834,28 @@ def register(subparsers) -> None:
     p.add_argument("--wandb", action="store_true", help="log to wandb (offline unless WANDB_MODE=online)")
     p.add_argument("--wandb-project", default=None, help="wandb project (default scaling_rl)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_main)
+    p.add_argument("--processes", type=int, default=1,
+                   help="run the trial as N JAX processes on this machine (coordinator on localhost, "
+                        "gloo collectives on CPU); needs --set data_parallel=true. Under `srun -n N` "
+                        "the processes come from Slurm instead (scaling_rl/multiprocess.py)")
+    p.set_defaults(func=_main, parser=p)
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The `train` command line that `args` was parsed from (for the processes `launch` starts)."""
+    argv = ["train"]
+    for action in args.parser._actions:
+        if not action.option_strings or action.dest in ("help", "func", "parser"):
+            continue
+        value, flag = getattr(args, action.dest, None), action.option_strings[0]
+        if isinstance(action, argparse._StoreTrueAction):
+            argv += [flag] if value else []
+        elif isinstance(action, argparse._AppendAction):
+            for item in value or ():
+                argv += [flag, str(item)]
+        elif value is not None and value != action.default:
+            argv += [flag, str(value)]
+    return argv
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -836,6 +874,31 @@ def _main(args: argparse.Namespace) -> int:
         if key in overrides:
             raise UsageError(f"--set {key}: given twice")
         overrides[key] = value
+    from scaling_rl import multiprocess
+
+    joined = multiprocess.requested_processes()   # > 1: one of several processes (launched or srun)
+    if args.processes < 1:
+        raise UsageError(f"--processes: must be >= 1, got {args.processes}")
+    if joined > 1 and args.processes not in (1, joined):
+        raise UsageError(f"--processes {args.processes}: this process is one of {joined} "
+                         "(srun -n / the launcher); drop --processes or make them agree")
+    n_processes = max(joined, args.processes)
+    if joined > 1:   # before anything (agent modules included) touches a JAX device
+        try:
+            multiprocess.initialize()
+        except Exception as e:  # noqa: BLE001 - e.g. the coordinator never came up
+            print(f"scaling-rl: error: process could not join the others: {_one_line(e)}", file=sys.stderr)
+            return 1
+    if n_processes > 1:
+        try:
+            cfg = make_config(args.agent, overrides)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+        if not getattr(cfg, "data_parallel", False):
+            raise UsageError(f"--processes {n_processes}: the learner must span the processes; "
+                             "add --set data_parallel=true")
+        if joined == 1:   # start the processes: each reruns this command as one of them
+            return multiprocess.launch(_argv(args), n_processes)
     wandb_opts: bool | dict = False
     if args.wandb:
         wandb_opts = {"project": args.wandb_project} if args.wandb_project else True
@@ -849,6 +912,19 @@ def _main(args: argparse.Namespace) -> int:
     except Diverged as e:
         print(f"scaling-rl: {e}; metrics so far in {args.out}", file=sys.stderr)
         return 3
+    except Exception as e:  # noqa: BLE001
+        if n_processes == 1:
+            raise
+        # a peer died (its collectives or heartbeat fail here) or a shared error: one line, non-zero
+        import jax
+
+        print(f"scaling-rl: error: process {jax.process_index()} of {n_processes}: "
+              f"{type(e).__name__}: {_one_line(e)}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # exit now: JAX's shutdown barrier at interpreter exit would wait for the dead peer and abort
+        os._exit(1)
+    if not multiprocess.is_primary():
+        return 0
     summary = json.loads((Path(args.out) / "status.json").read_text()).get("summary", {})
     shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in summary.items()}
     print(f"done: {args.out}  " + "  ".join(f"{k}={v}" for k, v in shown.items()))

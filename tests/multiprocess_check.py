@@ -23,10 +23,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-if MODE == "proc":
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{int(sys.argv[4])}",
-                               num_processes=int(sys.argv[3]), process_id=int(sys.argv[2]))
+if MODE == "proc":   # the launcher's path (scaling_rl/multiprocess.py): gloo, timeouts, heartbeat
+    from scaling_rl import multiprocess
+
+    os.environ.update({multiprocess.ENV_COORDINATOR: f"127.0.0.1:{int(sys.argv[4])}",
+                       multiprocess.ENV_NUM_PROCESSES: sys.argv[3], multiprocess.ENV_PROCESS_ID: sys.argv[2]})
+    multiprocess.initialize()
 
 from scaling_rl.agents import sac  # noqa: E402
 

@@ -10,9 +10,11 @@ Several trials on one GPU: the local pool sets XLA_PYTHON_CLIENT_MEM_FRACTION = 
 One big trial over many devices: set the agent's `data_parallel: true` in `base`; train.run then
 shards each update's batch over every visible device with the core's shard_map path (axis
 `data`). On Slurm give the trial a whole node (`slurm.gpus_per_node: 8`, one array element per
-trial). Multi-host trials are not automated yet: every process must call
-`jax.distributed.initialize()` (it reads the SLURM_* variables of a multi-node srun) before JAX
-touches a device, and only process 0 may write the store; train.run does not do either today.
+trial). One trial over several processes (hosts, or one process per GPU): `slurm.tasks_per_node`
+(and `slurm.nodes`) > 1 runs each array element as that many srun tasks (`--kill-on-bad-exit`, so
+one dying task ends the element); every task joins the others (`multiprocess.initialize`, from the
+SLURM_* variables), process 0 claims the trial and writes the store, the others follow
+(`runner.follow_trial`). A requeued element resumes from the trial's last checkpoint.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from scaling_rl import multiprocess
 from scaling_rl.sweep import runner
 from scaling_rl.sweep.runner import RunOptions
 from scaling_rl.sweep.store import FINISHED, Store
@@ -120,6 +123,10 @@ def _slurm_job_class():
 
         def __call__(self, tid: str) -> str:
             runner.configure_process(self.opts)
+            if multiprocess.requested_processes() > 1:   # one of several srun tasks of this trial
+                multiprocess.initialize()
+                if not multiprocess.is_primary():
+                    return runner.follow_trial(self.opts, tid)
             return runner.run_trial(self.opts, tid)
 
     return TrialJob
@@ -147,6 +154,9 @@ def run_slurm(opts: RunOptions, slurm: dict, *, workers: int | None = None, prog
         params["gpus_per_node"] = int(slurm["gpus_per_node"])
     if slurm.get("mem_gb"):
         params["mem_gb"] = float(slurm["mem_gb"])
+    tasks, nodes = int(slurm.get("tasks_per_node", 1)), int(slurm.get("nodes", 1))
+    if tasks * nodes > 1:   # one trial as several JAX processes
+        params.update(tasks_per_node=tasks, nodes=nodes, slurm_srun_args=["--kill-on-bad-exit=1"])
     if slurm.get("additional"):
         params["slurm_additional_parameters"] = dict(slurm["additional"])
     ex.update_parameters(**params)

@@ -171,6 +171,25 @@ def run_trial(opts: RunOptions, tid: str, *, wait_s: float = 600.0) -> str:
         time.sleep(0.5)
 
 
+def follow_trial(opts: RunOptions, tid: str) -> str:
+    """A process other than 0 of a multi-process trial (scaling_rl/multiprocess.py): run the same
+    `kind.run` alongside process 0, which claims the trial and writes the store and the run directory
+    (train.run writes from process 0 only). Returns the state it found, or "followed"."""
+    store = Store(opts.root)
+    st = store.status(tid)
+    if st.get("state") in (*FINISHED, "failed"):
+        return st["state"]
+    trial = store.trial(tid)
+    kind = registry.get(trial.agent)
+    extra = {}
+    if opts.early_stop is not None:   # the same pure rule as process 0's Watcher, without its record
+        rule, budget = opts.early_stop, early_stop.budget_of(trial.config, kind)
+        extra["stop"] = lambda chunk, df: (d.to_json() if (d := rule.check(df, budget)) else None)
+    kind.run(trial.config, str(store.trial_dir(tid)), trial.seeds, trial.seed, wandb=False,
+             checkpoint_every=opts.checkpoint_every, **extra)
+    return "followed"
+
+
 # ---- the worker loop -------------------------------------------------------------------------
 def unfinished(store: Store, tids) -> list[str]:
     """Trials of this run that still need work (failed counts as finished for this run)."""

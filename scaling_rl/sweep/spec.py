@@ -61,7 +61,8 @@ TOP_KEYS = ("name", "agent", "out_dir", "description", "base", "grid", "zip", "s
 BACKENDS = ("local", "slurm", "ray")
 BACKEND_KEYS = ("name", "workers", "gpu_mem_fraction", "slurm", "ray")
 SLURM_KEYS = ("partition", "time_min", "gpus_per_node", "cpus_per_task", "mem_gb",
-              "array_parallelism", "max_num_timeout", "additional", "folder")
+              "array_parallelism", "max_num_timeout", "additional", "folder",
+              "tasks_per_node", "nodes")   # > 1 task: one trial as several JAX processes
 RAY_KEYS = ("address", "num_cpus", "num_gpus", "init_num_cpus")
 WANDB_KEYS = ("project", "entity", "mode", "tags")
 
