@@ -1,27 +1,14 @@
 """ACCO (scaling_rl/acco.py) on 2 forced CPU devices with a ZeRO-1 sharded optimiser, and the tiny decoder
 LM it is checked on (scaling_rl/tiny_lm.py). Runs tests/acco_check.py in a subprocess (the device count
 is fixed when jax is first imported)."""
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-
-HERE = pathlib.Path(__file__).resolve().parent
+from forced_devices import run_check
 
 
 @pytest.fixture(scope="module")
 def two_devices():
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run([sys.executable, str(HERE / "acco_check.py")], capture_output=True,
-                          text=True, env=env, timeout=900, cwd=HERE.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_check("acco_check.py")
 
 
 def test_zero_delay_equals_data_parallel_step(two_devices):

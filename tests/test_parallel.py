@@ -2,29 +2,16 @@
 
 The 8-device check runs in a subprocess (tests/parallel_check.py) because the device count is fixed
 when jax is first imported."""
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import jax
 import pytest
+from forced_devices import run_check
 
 from scaling_rl import parallel
-
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
 def eight_devices():
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run([sys.executable, str(HERE / "parallel_check.py")], capture_output=True,
-                          text=True, env=env, timeout=900, cwd=HERE.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_check("parallel_check.py")
 
 
 def test_eight_forced_devices(eight_devices):

@@ -2,26 +2,13 @@
 the replicated data-parallel update, and each device holds 1/4 of the optimiser moments.
 
 Runs tests/zero_check.py in a subprocess (the device count is fixed when jax is first imported)."""
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
-
-HERE = pathlib.Path(__file__).resolve().parent
+from forced_devices import run_check
 
 
 @pytest.fixture(scope="module")
 def four_devices():
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run([sys.executable, str(HERE / "zero_check.py")], capture_output=True,
-                          text=True, env=env, timeout=900, cwd=HERE.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_check("zero_check.py")
 
 
 @pytest.mark.parametrize("algo", ["crl", "sac"])

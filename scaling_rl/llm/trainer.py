@@ -234,11 +234,41 @@ def _completion_tensors(tokenizer, texts: list[str], width: int, device=None) ->
     return out.to(device), mask.to(device)
 
 
+def sft_loop(model, *, steps: int, lr: float, batch_loss, probe_accuracy, target_accuracy: float = 0.0,
+             check_every: int = 50, weight_decay: float = 0.0, log=None) -> dict:
+    """The warm-start loop every SFT here runs: AdamW (β 0.9/0.98), 20-step linear warm-up into a cosine
+    decay, gradient clipping at 1; `batch_loss()` draws a batch and returns its loss. Stops early once
+    `probe_accuracy()` (greedy, model in eval mode) reaches `target_accuracy`, checked every
+    `check_every` steps and at the last (0 disables). Returns {"loss", "steps", "probe_accuracy"}."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
+    loss_value, probe_acc, step = float("nan"), float("nan"), 0
+    for step in range(1, steps + 1):
+        model.train()
+        warm = min(1.0, step / 20)
+        for group in opt.param_groups:
+            group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
+        loss = batch_loss()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_value = float(loss.detach())
+        if target_accuracy > 0 and (step % check_every == 0 or step == steps):
+            model.eval()
+            probe_acc = probe_accuracy()
+            if log:
+                log(f"sft step {step:5d}  loss {loss_value:.3f}  probe accuracy {probe_acc:.3f}")
+            if probe_acc >= target_accuracy:
+                break
+    model.eval()
+    return {"loss": loss_value, "steps": step, "probe_accuracy": probe_acc}
+
+
 def sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed: int,
         max_len: int, target_accuracy: float = 0.0, check_every: int = 50,
         weight_decay: float = 0.0, log=None, chat_template: bool = False,
         autocast=contextlib.nullcontext) -> dict:
-    """Teacher-forced cross-entropy on reference solutions of training problems.
+    """Teacher-forced cross-entropy on reference solutions of training problems (`sft_loop`).
 
     Stops early once greedy accuracy on 200 training problems reaches `target_accuracy` (checked
     every `check_every` steps; 0 disables), so the warm start lands at a chosen skill level rather
@@ -248,13 +278,8 @@ def sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed:
     rng = np.random.default_rng(seed + 7919)
     pool = task.problems("train", 100_000, seed=seed + 1)
     probe = task.problems("train", 200, seed=seed + 2)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
-    loss_value, probe_acc, step = float("nan"), float("nan"), 0
-    for step in range(1, steps + 1):
-        model.train()
-        warm = min(1.0, step / 20)
-        for group in opt.param_groups:
-            group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
+
+    def batch_loss():
         probs = [pool[int(i)] for i in rng.integers(len(pool), size=batch_size)]
         device = next(model.parameters()).device
         p_ids, p_mask = rollout.encode_prompts(tokenizer, [p.prompt for p in probs], chat_template,
@@ -263,23 +288,16 @@ def sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed:
                                             device)
         with autocast():
             logp, _ = rollout.completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
-        loss = -(logp * c_mask).sum() / c_mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss_value = float(loss.detach())
-        if target_accuracy > 0 and (step % check_every == 0 or step == steps):
-            model.eval()
-            with autocast():
-                probe_acc = rollout.accuracy(model, tokenizer, task, probe, max_new_tokens=max_len,
-                                             chat_template=chat_template)
-            if log:
-                log(f"sft step {step:5d}  loss {loss_value:.3f}  probe accuracy {probe_acc:.3f}")
-            if probe_acc >= target_accuracy:
-                break
-    model.eval()
-    return {"loss": loss_value, "steps": step, "probe_accuracy": probe_acc}
+        return -(logp * c_mask).sum() / c_mask.sum()
+
+    def probe_accuracy():
+        with autocast():
+            return rollout.accuracy(model, tokenizer, task, probe, max_new_tokens=max_len,
+                                    chat_template=chat_template)
+
+    return sft_loop(model, steps=steps, lr=lr, batch_loss=batch_loss, probe_accuracy=probe_accuracy,
+                    target_accuracy=target_accuracy, check_every=check_every, weight_decay=weight_decay,
+                    log=log)
 
 
 # ---- checkpoint directory helpers --------------------------------------------------------------

@@ -14,14 +14,12 @@ with the slot column masked out, so rows keep pointing at their video through `s
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from scaling_rl.llm import rollout
 from scaling_rl.llm.multimodal import EmbeddingCache, sample_video, video_lm_from, video_logprobs
-from scaling_rl.llm.trainer import EVAL_SEED, GRPOTrainer, _completion_tensors
+from scaling_rl.llm.trainer import EVAL_SEED, GRPOTrainer, _completion_tensors, sft_loop
 from scaling_rl.llm.video_task import QUESTION, VideoCountTask
 
 
@@ -68,32 +66,20 @@ class VideoGRPOTrainer(GRPOTrainer):
         model.frame_encoder.requires_grad_(True)
         rng = np.random.default_rng(c.seed + 7919)
         probe = self.task.problems("train", 200, seed=c.seed + 2)
-        opt = torch.optim.AdamW(model.parameters(), lr=c.sft_lr, betas=(0.9, 0.98))
-        loss_value, probe_acc, step = float("nan"), float("nan"), 0
-        for step in range(1, steps + 1):
-            model.train()
-            for group in opt.param_groups:
-                group["lr"] = c.sft_lr * min(1.0, step / 20) * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
+
+        def batch_loss():
             probs = [self.pool[int(i)] for i in rng.integers(len(self.pool), size=c.sft_batch_size)]
             ids, mask = _completion_tensors(self.tokenizer, [p.answer for p in probs], self.max_len,
                                             self.device)
             logp, _ = video_logprobs(model, self._prefix(model, probs, with_grad=True), ids)
-            loss = -(logp * mask).sum() / mask.sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            loss_value = float(loss.detach())
-            if c.sft_target_accuracy > 0 and (step % 50 == 0 or step == steps):
-                model.eval()
-                probe_acc = self._accuracy(probe)
-                if progress:
-                    print(f"sft step {step:5d}  loss {loss_value:.3f}  probe accuracy {probe_acc:.3f}")
-                if probe_acc >= c.sft_target_accuracy:
-                    break
-        model.eval()
+            return -(logp * mask).sum() / mask.sum()
+
+        # torch's AdamW default weight decay (0.01), as this warm start has always used
+        info = sft_loop(model, steps=steps, lr=c.sft_lr, batch_loss=batch_loss,
+                        probe_accuracy=lambda: self._accuracy(probe), target_accuracy=c.sft_target_accuracy,
+                        weight_decay=0.01, log=print if progress else None)
         model.frame_encoder.requires_grad_(False)
-        return {"loss": loss_value, "steps": step, "probe_accuracy": probe_acc}
+        return info
 
     # -- evaluation --
     @torch.no_grad()

@@ -1,0 +1,19 @@
+"""Run a check script in a fresh Python (the device count is fixed when jax is first imported, so each
+forced-device check runs where XLA_FLAGS is set before that import) and return its last stdout line as JSON."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def run_check(script: str, timeout: float = 900) -> dict:
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run([sys.executable, str(HERE / script)], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=HERE.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
