@@ -16,11 +16,12 @@ import pandas as pd
 import pytest
 import yaml
 
+from scaling_rl.llm.trainer import TIMING_COLUMNS
 from scaling_rl.sweep import SpecError, Store, collect, parse_spec, registry, run_sweep
 from scaling_rl.sweep import early_stop as es
 
 REPO = Path(__file__).resolve().parent.parent
-TIMING = ["tokens_per_s", "generation_s", "step_s"]
+TIMING = list(TIMING_COLUMNS)
 SEEDS, STEPS = 2, 6
 METRIC = "eval/accuracy"
 

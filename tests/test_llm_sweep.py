@@ -14,11 +14,12 @@ pytest.importorskip("transformers")
 
 from scaling_rl import cli  # noqa: E402
 from scaling_rl.llm.models import load_policy, param_count  # noqa: E402
+from scaling_rl.llm.trainer import TIMING_COLUMNS  # noqa: E402
 from scaling_rl.sweep import Store, load_spec, registry  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "sweeps" / "grpo_tiny.yaml"
-TIMING = ["tokens_per_s", "generation_s", "step_s"]
+TIMING = list(TIMING_COLUMNS)
 
 
 def test_grpo_tiny_sweep_runs_collects_and_resumes(tmp_path, capsys):

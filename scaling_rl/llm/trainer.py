@@ -38,6 +38,8 @@ from scaling_rl.llm.models import load_policy, save_policy
 from scaling_rl.llm.tasks import make_task
 
 EVAL_SEED = 1234  # the held-out evaluation problems do not depend on the run seed
+# per-step columns measured with clocks: they differ between two runs of the same config (drop them to compare)
+TIMING_COLUMNS = ("tokens_per_s", "generation_s", "step_s", "publish_s", "generation_cpu_s", "step_cpu_s")
 
 
 def config_from_dict(cls, d: dict[str, Any], what: str):
