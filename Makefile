@@ -22,7 +22,7 @@ quickstart: $(STAMP)
 	bash scripts/quickstart.sh
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 # Re-execute analysis/walkthrough.ipynb and commit it with its outputs (tests/test_scaling_notebook.py checks them).
 notebook: $(STAMP)

@@ -858,6 +858,18 @@ def _argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def _mark_failed(out: Path, error: str) -> None:
+    """After a multi-process trial failed: a status.json its processes left at `running` (process 0
+    killed before it could write `failed`) says `failed`, so no reader takes the run for live."""
+    path = out / "status.json"
+    try:
+        status = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if status.get("status") == "running":
+        io.atomic_write_json(path, {**status, "status": "failed", "error": error})
+
+
 def _main(args: argparse.Namespace) -> int:
     from scaling_rl.errors import UsageError
 
@@ -898,7 +910,10 @@ def _main(args: argparse.Namespace) -> int:
             raise UsageError(f"--processes {n_processes}: the learner must span the processes; "
                              "add --set data_parallel=true")
         if joined == 1:   # start the processes: each reruns this command as one of them
-            return multiprocess.launch(_argv(args), n_processes)
+            code = multiprocess.launch(_argv(args), n_processes)
+            if code:
+                _mark_failed(Path(args.out), f"process failure (exit code {code}); see stderr")
+            return code
     wandb_opts: bool | dict = False
     if args.wandb:
         wandb_opts = {"project": args.wandb_project} if args.wandb_project else True

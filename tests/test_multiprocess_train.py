@@ -96,8 +96,12 @@ def test_kill_of_one_process_fails_the_trial_cleanly(scenario):
     # no hang: the survivor's collective fails at once (else: heartbeat 60 s; launcher grace 20 s)
     assert killed["exit_s"] < 60, killed["exit_s"]
     errors = _errors(killed["stderr"])
-    assert any(line.startswith("scaling-rl: error: process 0 of 2: ") for line in errors), killed["stderr"][-3000:]
-    assert errors[-1].startswith("scaling-rl: error: process 1 of 2 was killed by SIGKILL"), errors
+    assert errors and errors[-1].startswith("scaling-rl: error: process 1 of 2 was killed by SIGKILL"), errors
+    # the survivor either failed on its own (its collective to the dead peer failed: its own one-line
+    # error) or was still blocked (e.g. in orbax's save barrier, which waits for the heartbeat) and
+    # the launcher killed it after GRACE_S; which one is a race on a loaded box, both are clean
+    own = any(line.startswith("scaling-rl: error: process 0 of 2: ") for line in errors)
+    assert own or "others: 0 was killed by SIGKILL" in errors[-1], killed["stderr"][-3000:]
     assert "Check failure stack trace" not in killed["stderr"]   # the survivor did not abort
     assert killed["status"]["status"] == "failed" and killed["steps"]   # checkpoint 1 (at least) kept
 
@@ -159,3 +163,15 @@ def test_processes_bad_input_is_one_line_exit_2(tmp_path, capsys, extra, message
     assert cli.main(["train", "--agent", "sac", "--out", str(tmp_path / "r"), *extra]) == 2
     assert capsys.readouterr().err == f"scaling-rl: error: {message}\n"
     assert not (tmp_path / "r").exists()
+
+
+def test_a_status_left_running_by_a_killed_process_0_is_marked_failed(tmp_path):
+    from scaling_rl.io import atomic_write_json
+    atomic_write_json(tmp_path / "status.json", {"status": "running", "chunk": 1})
+    train._mark_failed(tmp_path, "process failure (exit code 137)")
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status == {"status": "failed", "chunk": 1, "error": "process failure (exit code 137)"}
+    atomic_write_json(tmp_path / "status.json", {"status": "done"})   # a finished run is left alone
+    train._mark_failed(tmp_path, "x")
+    assert json.loads((tmp_path / "status.json").read_text()) == {"status": "done"}
+    train._mark_failed(tmp_path / "missing", "x")   # no run directory: nothing to mark, no error
