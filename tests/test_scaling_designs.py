@@ -246,7 +246,7 @@ def test_crossfitted_replicates_are_centred_on_the_point():
     np.testing.assert_allclose(np.median(L, axis=0), np.log(de.g_point), atol=1e-9)
     assert np.all(np.std(L, axis=0) > 0.01)     # the spread is still there
     assert (de.g_select == "crossfit").all()     # tied: no clear winner anywhere
-    assert any("0.85 at 5 seeds" in n for n in de.notes), de.notes   # the known shortfall is said, with its number
+    assert any("0.84 at 5 seeds" in n for n in de.notes), de.notes   # the known shortfall is said, with its number
 
 
 def _interaction_law_fit(g: float, seed: int = 0):
@@ -334,3 +334,18 @@ def test_crossfitted_jackknife_rows_are_crossfitted_too():
     np.testing.assert_allclose(de.g_jack[:, 0], _crossfit(H), rtol=1e-12)
     # and they sit around the point (the plain minimum of 3 tied configurations sat below it)
     assert abs(np.mean(np.log(de.g_jack[:, 0])) - np.mean(np.log(de.g_point[0]))) < 0.03
+
+
+def test_a_lucky_configuration_among_tied_ones_is_not_called_clear():
+    """The clear-winner shortcut must not fire on luck: among 4 tied batch sizes (5 seeds), a configuration
+    that won ≥ 95% of the resamples and both halves was called clear in 2–4% of cells, and those cells' D_J
+    (the lucky winner's own, biased low) covered 0.13–0.21. The margin is now ≥ 3 standard errors."""
+    from scaling_rl.scaling import synthetic
+    from scaling_rl.scaling.curves import data_efficiency
+    sel = []
+    for r in range(100):
+        cs = synthetic.make_study(synthetic.Truth(kappa=0.0), utds=[1.0], param_counts=[1e6],
+                                  batch_sizes=[128, 256, 512, 1024], seeds=5, noise=0.1, n_log=60, log_spaced=True,
+                                  rng=r)
+        sel += list(data_efficiency(cs, thresholds=[0.3, 0.5], normalize="none", n_bootstrap=40, seed=r).g_select[0])
+    assert len(sel) == 200 and sel.count("clear") == 0, sel.count("clear")
