@@ -220,6 +220,8 @@ def _clear_winner(a: np.ndarray, P: np.ndarray, boot: np.ndarray, H: np.ndarray,
     own judgement (≥ 95% of the resamples) is often a lucky one among tied configurations, and then its own
     D_J is biased low (tied batch sizes: such cells covered 0.13–0.21)."""
     jj = np.arange(P.shape[1])
+    if boot.shape[0] < 2:                                # no bootstrap spread to judge a margin by
+        return np.zeros(P.shape[1], bool)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         L = np.log(boot)
         var = np.where(np.all(np.isfinite(L), axis=0), np.var(np.where(np.isfinite(L), L, 0.0), axis=0, ddof=1),
