@@ -1,9 +1,10 @@
 """Calibration of the report's 90% intervals on synthetic studies unlike the analysis' own model.
 
-    .venv/bin/python benchmarks/calibration.py --quick            # a few minutes: 5 seeds, 6 studies/generator
+    .venv/bin/python benchmarks/calibration.py --quick            # ~8 min on 2 cores: 5 seeds, 6 studies/generator
     .venv/bin/python benchmarks/calibration.py [--workers 16]      # full: 3, 5, 10 seeds × 40 studies/generator
     .venv/bin/python benchmarks/calibration.py --resume            # continue an interrupted run from its cache
     .venv/bin/python benchmarks/calibration.py --from-cache        # re-print the cached table
+    .venv/bin/python benchmarks/calibration.py --points-only       # D_J point intervals only: ~1 s per study
     .venv/bin/python benchmarks/calibration.py --pooled            # coverage of `fit --pool-tasks` (3 tasks)
 
 Every study is run through the whole pipeline (`scaling.analyze`: seed bootstrap, best configuration per
@@ -32,8 +33,10 @@ counted apart, not as a hit or a miss. The binomial interval (Wilson, 95%) uses 
 studies as n (intervals inside one study are correlated; for D_J the per-study coverages are pooled), so
 it is honest about the clustering. Rows outside 0.85–0.95 are flagged `LOW`/`HIGH`.
 
-Raw per-interval rows are cached (atomic write) in benchmarks/results/calibration[_quick].csv; the table is
-printed from them and written beside them as .md. The last line is `pooled_coverage=<x> [lo, hi]`.
+Raw per-interval rows are cached (atomic write) in benchmarks/results/calibration.csv (`--quick`:
+calibration_quick.csv, not committed; `--points-only`: calibration_points.csv); the table is printed from them and
+written beside them as .md. A run replaces the cached rows of the generators × seeds it runs (with `--resume`,
+only the studies missing from them) and keeps every other row. The last line is `pooled_coverage=<x> [lo, hi]`.
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ import dataclasses
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +53,7 @@ import pandas as pd
 
 from scaling_rl.io import atomic_write_text
 from scaling_rl.scaling import allocation as alloc
-from scaling_rl.scaling import analysis, fitting, laws, report, synthetic
+from scaling_rl.scaling import analysis, curves, fitting, laws, report, synthetic
 from scaling_rl.scaling.data import Curve, CurveSet
 
 UTDS = tuple(np.geomspace(0.5, 8, 5))
@@ -206,6 +209,44 @@ def reference(gen_name: str) -> dict:
             "N*": float(opt["N"]) if inside["N"] else None, "rse_log": float(np.std(f.residuals))}
 
 
+def interval_row(gen_name: str, seeds: int, study: int, q: str, cell: str, target, iv: dict) -> dict:
+    """One cache row: a printed interval scored against its target (hit/miss), or withheld with its reason."""
+    lo, hi = iv.get("lo"), iv.get("hi")
+    if target is None or not np.isfinite(target):
+        status, reason = "no-target", "reference has no value"
+    elif lo is None or hi is None:
+        status = "withheld"
+        reason = (f"not identified ({iv['not_identified']})" if iv.get("not_identified")
+                  else iv.get("reason") or "no interval (no reason given)")
+    else:
+        status, reason = ("hit" if lo <= target <= hi else "miss"), ""
+    return {"generator": gen_name, "seeds": seeds, "study": study, "quantity": q, "cell": cell,
+            "target": np.nan if target is None else float(target),
+            "estimate": np.nan if iv.get("estimate") is None else float(iv["estimate"]),
+            "lo": np.nan if lo is None else float(lo), "hi": np.nan if hi is None else float(hi),
+            "status": status, "reason": reason}
+
+
+def points_study(args) -> list[dict]:
+    """`--points-only`: the D_J rows of `one_study` without the law fits (seconds instead of a minute per
+    study): `data_efficiency` with the settings `analyze` passes it and the same seed, and the same
+    `DataEfficiency.point_interval` the report prints, so the rows are those `one_study` makes."""
+    gen_name, seeds, study, n_bootstrap = args
+    gen = GEN[gen_name]
+    rng = 10_000 * seeds + study
+    st = analysis.Settings(n_bootstrap=n_bootstrap, thresholds=list(THRESHOLDS), normalize="none", seed=rng)
+    de = curves.data_efficiency(make_curves(gen, seeds, rng), st.thresholds, normalize=st.normalize,
+                                n_bootstrap=st.n_bootstrap, seed=st.seed, interpolation=st.interpolation,
+                                interp_error=st.interp_error, select=st.config_select)
+    rows = []
+    for g, (u, n) in enumerate(de.groups[["utd", "param_count"]].itertuples(index=False)):
+        for j, J in enumerate(THRESHOLDS):
+            iv = de.point_interval(g, j, st.level)
+            rows.append(interval_row(gen_name, seeds, study, "D_J", f"J={J} σ={u:.3g} N={n:.3g}",
+                                     true_D(gen, J, u, n), iv))
+    return rows
+
+
 def one_study(args) -> list[dict]:
     gen_name, seeds, study, n_bootstrap, ref = args
     gen = GEN[gen_name]
@@ -219,20 +260,7 @@ def one_study(args) -> list[dict]:
     rows = []
 
     def add(q, cell, target, iv):
-        lo, hi = iv.get("lo"), iv.get("hi")
-        if target is None or not np.isfinite(target):
-            status, reason = "no-target", "reference has no value"
-        elif lo is None or hi is None:
-            status = "withheld"
-            reason = (f"not identified ({iv['not_identified']})" if iv.get("not_identified")
-                      else iv.get("reason") or "no interval (no reason given)")
-        else:
-            status, reason = ("hit" if lo <= target <= hi else "miss"), ""
-        rows.append({"generator": gen_name, "seeds": seeds, "study": study, "quantity": q, "cell": cell,
-                     "target": np.nan if target is None else float(target),
-                     "estimate": np.nan if iv.get("estimate") is None else float(iv["estimate"]),
-                     "lo": np.nan if lo is None else float(lo), "hi": np.nan if hi is None else float(hi),
-                     "status": status, "reason": reason})
+        rows.append(interval_row(gen_name, seeds, study, q, cell, target, iv))
 
     for p in fit["points"]:
         J = THRESHOLDS[p["j_index"]]
@@ -246,6 +274,26 @@ def one_study(args) -> list[dict]:
     return rows
 
 
+def _executor(workers: int):
+    """A process pool for --workers > 1; one worker runs in this process (no start-up, nothing to pickle)."""
+    return ProcessPoolExecutor(max_workers=workers) if workers > 1 else ThreadPoolExecutor(max_workers=1)
+
+
+def read_cache(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path, keep_default_na=False, na_values=[""])
+
+
+def merge_cache(path: Path, new: pd.DataFrame, gens, seeds) -> pd.DataFrame:
+    """The cache after a run over `gens` × `seeds`: the run's rows `new` (which already hold the cached
+    studies of those it kept, with --resume) and every cached row of any other generator × seeds, untouched
+    (a run over a subset used to overwrite the whole cache)."""
+    if not path.exists():
+        return new
+    old = read_cache(path)
+    keep = old[~(old["generator"].isin(gens) & old["seeds"].isin(seeds))]
+    return pd.concat([keep, new], ignore_index=True) if len(keep) else new
+
+
 def wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
     if n <= 0:
         return float("nan"), float("nan")
@@ -253,6 +301,14 @@ def wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
     c = (p + z * z / (2 * n)) / (1 + z * z / n)
     h = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return max(0.0, c - h), min(1.0, c + h)
+
+
+def relative_width(printed: pd.DataFrame) -> float:
+    """Median (hi − lo)/estimate of printed intervals (NaN if none, or rows without their bounds)."""
+    if not len(printed) or not {"lo", "hi", "estimate"} <= set(printed.columns):
+        return float("nan")
+    w = (printed["hi"].astype(float) - printed["lo"].astype(float)) / printed["estimate"].astype(float).abs()
+    return float(np.median(w))
 
 
 def summarize(raw: pd.DataFrame) -> pd.DataFrame:
@@ -269,7 +325,7 @@ def summarize(raw: pd.DataFrame) -> pd.DataFrame:
         flag = "" if not n_st else ("LOW" if hi < 0.85 else "HIGH" if lo > 0.95 else
                                     "low?" if cov < 0.85 else "high?" if cov > 0.95 else "")
         rows.append({"generator": g, "seeds": int(s), "quantity": q, "intervals": len(printed), "studies": n_st,
-                     "coverage": cov, "lo": lo, "hi": hi, "withheld": len(withheld),
+                     "coverage": cov, "lo": lo, "hi": hi, "width": relative_width(printed), "withheld": len(withheld),
                      "why": reasons.index[0][:60] if len(reasons) else "", "flag": flag})
     return _ordered(pd.DataFrame(rows))
 
@@ -339,16 +395,18 @@ def compact(tab: pd.DataFrame) -> str:
 
 def render(tab: pd.DataFrame, raw: pd.DataFrame, title: str) -> str:
     lines = [f"# {title}", "",
-             "| generator | seeds | quantity | coverage [95% Wilson, n = studies] | intervals | withheld | flag |",
-             "|---|---|---|---|---|---|---|"]
+             "| generator | seeds | quantity | coverage [95% Wilson, n = studies] | intervals | median (hi−lo)/estimate "
+             "| withheld | flag |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in tab.itertuples():
         cov = "—" if not np.isfinite(r.coverage) else f"{r.coverage:.2f} [{r.lo:.2f}, {r.hi:.2f}]"
         wh = f"{r.withheld}" + (f" ({r.why})" if r.withheld else "")
-        lines.append(f"| {r.generator} | {r.seeds} | {r.quantity} | {cov} | {r.intervals} | {wh} | {r.flag} |")
+        width = "—" if not np.isfinite(r.width) else f"{r.width:.3f}"
+        lines.append(f"| {r.generator} | {r.seeds} | {r.quantity} | {cov} | {r.intervals} | {width} | {wh} | {r.flag} |")
     printed = raw[raw["status"].isin(["hit", "miss"])]
     errors = int((raw["status"] == "error").sum())
     cov = float(np.mean(printed["status"] == "hit")) if len(printed) else float("nan")
-    n_st = raw.groupby(["generator", "seeds", "study"]).ngroups
+    n_st = printed.groupby(["generator", "seeds", "study"]).ngroups   # studies that printed an interval
     lo, hi = wilson(cov * n_st, n_st)
     lines += ["", f"pooled over {len(printed)} printed intervals from {n_st} studies: coverage {cov:.3f} "
                   f"[{lo:.3f}, {hi:.3f}]; analyses that raised: {errors}; withheld: "
@@ -405,10 +463,13 @@ def main(argv=None) -> int:
     ap.add_argument("--generators", default=None, help="comma-separated subset of: " + ", ".join(GEN))
     ap.add_argument("--bootstrap", type=int, default=None, help="seed-bootstrap resamples (default 100; quick 40)")
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--out", default=None, help="raw-row cache (.csv); default benchmarks/results/calibration[_quick].csv")
+    ap.add_argument("--out", default=None,
+                    help="raw-row cache (.csv); default benchmarks/results/calibration[_quick|_points].csv")
     ap.add_argument("--resume", action="store_true", help="keep the cached studies and run only the missing ones")
     ap.add_argument("--save-every", type=int, default=10, help="rewrite the cache after this many studies")
     ap.add_argument("--from-cache", action="store_true", help="print the table from the cache, compute nothing")
+    ap.add_argument("--points-only", action="store_true",
+                    help="only the D_J point intervals (no law fits; seconds per study), cache calibration_points.csv")
     ap.add_argument("--pooled", action="store_true",
                     help="instead: coverage of `fit --pool-tasks` (3 tasks differing by a scale), cache calibration_pooled.csv")
     args = ap.parse_args(argv)
@@ -416,7 +477,7 @@ def main(argv=None) -> int:
         out = Path(args.out) if args.out else RESULTS / "calibration_pooled.csv"
         seeds = [int(s) for s in (args.seeds or "5").split(",")]
         jobs = [(s, i, args.bootstrap or 60) for i in range(args.studies or 12) for s in seeds]
-        with ProcessPoolExecutor(max_workers=args.workers) as ex:
+        with _executor(args.workers) as ex:
             raw = pd.DataFrame([r for rows in ex.map(pooled_study, jobs) for r in rows])
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out, raw.to_csv(index=False))
@@ -424,13 +485,15 @@ def main(argv=None) -> int:
         atomic_write_text(out.with_suffix(".md"), text + "\n")
         print(text)
         return 0
-    out = Path(args.out) if args.out else RESULTS / ("calibration_quick.csv" if args.quick else "calibration.csv")
-    title = "calibration of 90% intervals" + (" (quick)" if args.quick else "")
+    out = Path(args.out) if args.out else RESULTS / ("calibration_points.csv" if args.points_only else
+                                                     "calibration_quick.csv" if args.quick else "calibration.csv")
+    title = ("calibration of 90% D_J point intervals (--points-only)" if args.points_only else
+             "calibration of 90% intervals" + (" (quick)" if args.quick else ""))
     if args.from_cache:
         if not out.exists():
             print(f"error: no cache at {out}; run without --from-cache first", file=sys.stderr)
             return 2
-        raw = pd.read_csv(out, keep_default_na=False, na_values=[""])
+        raw = read_cache(out)
         print(render(summarize(raw), raw, title))
         return 0
     try:
@@ -449,30 +512,35 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     done = pd.DataFrame()
     if args.resume and out.exists():  # studies already in the cache are not run again
-        done = pd.read_csv(out, keep_default_na=False, na_values=[""])
+        done = read_cache(out)
         done = done[done["generator"].isin(gens) & done["seeds"].isin(seeds)]
     have = set(map(tuple, done[["generator", "seeds", "study"]].drop_duplicates().to_numpy().tolist())) if len(done) else set()
     rows = done.to_dict("records")
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    def save():  # atomic: an interrupted run leaves the last complete cache
-        atomic_write_text(out, pd.DataFrame(rows).to_csv(index=False))
+    def save():  # atomic, and merged: the cache keeps every generator × seeds this run does not recompute
+        atomic_write_text(out, merge_cache(out, pd.DataFrame(rows), gens, seeds).to_csv(index=False))
 
-    with ProcessPoolExecutor(max_workers=args.workers) as ex:
-        refs = {r["generator"]: r for r in ex.map(reference, gens)}
+    with _executor(args.workers) as ex:
+        refs = {} if args.points_only else {r["generator"]: r for r in ex.map(reference, gens)}
         # interleaved (study-major) so a partial run covers every generator × seeds evenly
-        jobs = [(g, s, i, K, refs[g]) for i in range(studies) for s in seeds for g in gens if (g, s, i) not in have]
-        futures = [ex.submit(one_study, j) for j in jobs]
+        jobs = [(g, s, i, K) + (() if args.points_only else (refs[g],))
+                for i in range(studies) for s in seeds for g in gens if (g, s, i) not in have]
+        futures = [ex.submit(points_study if args.points_only else one_study, j) for j in jobs]
         for n_done, fut in enumerate(as_completed(futures), 1):
             rows.extend(fut.result())
             if n_done % args.save_every == 0:
                 save()
     save()
-    raw = pd.read_csv(out, keep_default_na=False, na_values=[""])
+    raw = read_cache(out)
     tab = summarize(raw)
     text = render(tab, raw, title)
-    atomic_write_text(out.with_suffix(".md"), text + "\n\nreference targets (noise-free):\n\n"
-                      + pd.DataFrame(list(refs.values())).to_string(index=False) + "\n")
+    if args.points_only:
+        atomic_write_text(out.with_suffix(".md"), text + "\n")
+    else:
+        refs.update({g: reference(g) for g in dict.fromkeys(raw["generator"]) if g in GEN and g not in refs})
+        atomic_write_text(out.with_suffix(".md"), text + "\n\nreference targets (noise-free):\n\n"
+                          + pd.DataFrame([refs[g] for g in GEN if g in refs]).to_string(index=False) + "\n")
     print(text)
     print(f"[{len(jobs)} studies, {time.perf_counter() - t0:.0f} s, cache {out}]", file=sys.stderr)
     return 0

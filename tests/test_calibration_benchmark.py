@@ -72,3 +72,29 @@ def test_one_study_checks_every_printed_interval_and_the_cli_rejects_bad_input(t
     assert cal.main(["--from-cache", "--out", str(tmp_path / "none.csv")]) == 2
     assert cal.main(["--generators", "nope", "--out", str(tmp_path / "x.csv")]) == 2
     assert "unknown generator" in capsys.readouterr().err
+
+
+def test_a_run_over_some_generators_keeps_the_cached_rows_of_the_others(tmp_path):
+    """`--resume --generators X` (and a plain run over a subset) used to rewrite the cache with X's rows only,
+    deleting every other generator's results: now a run replaces only the generator × seeds it computes."""
+    out = tmp_path / "cal.csv"
+    other = pd.DataFrame([{"generator": "tied-B", "seeds": 5, "study": i, "quantity": "alpha", "cell": "",
+                           "target": 1.0, "estimate": 1.0, "lo": 0.9, "hi": 1.1, "status": "hit", "reason": ""}
+                          for i in range(3)])
+    out.write_text(other.to_csv(index=False))
+    common = ["--points-only", "--generators", "base", "--seeds", "4", "--bootstrap", "10", "--out", str(out)]
+    assert cal.main(["--resume", "--studies", "1", *common]) == 0
+    raw = cal.read_cache(out)
+    assert (raw["generator"] == "tied-B").sum() == 3          # kept (was: dropped)
+    base = raw[raw["generator"] == "base"]
+    assert set(base["study"]) == {0} and len(base) == 40 and set(base["quantity"]) == {"D_J"}
+    first = base.reset_index(drop=True)
+    assert cal.main(["--resume", "--studies", "2", *common]) == 0          # study 0 is not run again
+    raw = cal.read_cache(out)
+    assert (raw["generator"] == "tied-B").sum() == 3
+    pd.testing.assert_frame_equal(raw[(raw["generator"] == "base") & (raw["study"] == 0)].reset_index(drop=True), first)
+    assert set(raw.loc[raw["generator"] == "base", "study"]) == {0, 1}
+    assert cal.main(["--studies", "1", *common]) == 0                     # a plain run replaces base × 4 only
+    raw = cal.read_cache(out)
+    assert (raw["generator"] == "tied-B").sum() == 3 and set(raw.loc[raw["generator"] == "base", "study"]) == {0}
+    assert "median (hi−lo)/estimate" in out.with_suffix(".md").read_text()
