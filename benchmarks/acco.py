@@ -30,7 +30,8 @@ Methods (M = `--micro` micro-batches per process per update where fixed):
   for it; the update divides the summed gradients by the total count over both processes.
 
 Every method runs for the same wall-clock budget (`--budget` seconds of training, after compiling;
-process 0's clock decides, the stop flag travels with the collective). Process 0 keeps a copy of the
+process 0's clock decides, the stop flag travels with the collective); the delayed method and ACCO
+start with one set of pending gradients computed before the clock starts (as their first update needs). Process 0 keeps a copy of the
 parameters after every update with its time stamp; the held-out loss (256 fresh sequences) is
 evaluated afterwards, untimed. Reported per method: updates done, measured wall time per update
 (mean; its ratio to ZeRO-1's), micro-batches per update per process, the held-out loss at half and
