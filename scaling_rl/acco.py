@@ -143,3 +143,91 @@ class Acco:
                 state, b1, c1, b2, c2)
 
         return jax.jit(init), jax.jit(step)
+
+
+class Pending(NamedTuple):
+    """A learner's ACCO state besides its ZeRO-1 optimiser state: per device, the gradient sum computed
+    at the estimate θ̃ and not yet applied (leading axis: 1 per device, spec P(axis)) and its count."""
+    grads: Any
+    count: Any
+
+
+LEARNER_MODES = ("off",) + MODES
+
+
+def check_learner_mode(mode, zero_optimizer: bool) -> None:
+    """A learner Config's `acco` field: one-line ValueError unless valid (ACCO runs on ZeRO-1)."""
+    if mode not in LEARNER_MODES:
+        raise ValueError(f"acco: unknown {mode!r}; use one of {', '.join(LEARNER_MODES)}")
+    if mode != "off" and not zero_optimizer:
+        raise ValueError(f"acco: {mode!r} runs on the sharded optimiser; also set zero_optimizer=true")
+
+
+def pending_init(params, n: int) -> Pending:
+    """No pending gradient: the first update uses only its own round-1 gradients."""
+    return Pending(jax.tree.map(lambda p: jnp.zeros((n,) + jnp.shape(p), jnp.result_type(p)), params),
+                   jnp.zeros((n,), jnp.float32))
+
+
+def learner_update(loss_fn: Callable, opts, mesh, mode: str = "acco", axis: str = zero.DATA_AXIS):
+    """ACCO for a shard_map'd learner, on ZeRO-1 optimisers (`opts` as in `zero.zero_update`).
+
+    `loss_fn(params, batch, extra) -> (loss, aux)` (a mean over its batch). Per device, on its shard:
+    "ddp": gradient at θ_t, then the sharded step (the zero-delay case: `zero.zero_update`'s numbers);
+    "dpu": the sharded step with the pending gradient (computed at θ_{t-1}), the shard's gradient at θ_t
+    becomes pending; "acco": the shard splits into two equal micro-batches, one per communication round
+    (module docstring): estimate θ̃ from the pending gradient, half 1 at θ_t, the real step with
+    pending + half 1, half 2 at θ̃ (pending for the next update) -- for a loss over in-batch negatives
+    (CRL's InfoNCE) a micro-batch then has half the negatives. The first update has no pending
+    gradient (count 0). Returns `f(params, opt_states, pending, batch, extra) -> (params, opt_states,
+    pending, loss, aux)`, loss and aux `pmean`ed, those of the micro-batch(es) computed at θ_t."""
+    if mode not in MODES:
+        raise ValueError(f"acco: unknown mode {mode!r}; use one of {', '.join(MODES)}")
+    value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+    whole = isinstance(opts, zero.ShardedOptimizer)
+
+    def opt_step(grads, count, states, params):
+        if whole:
+            return opts.step(grads, count, states, params)
+        new, new_states = dict(params), {}
+        for key, opt in opts.items():
+            new[key], new_states[key] = opt.step(grads[key], count, states[key], params[key])
+        return new, new_states
+
+    def per_shard(params, opt_states, pending, batch, extra):
+        grad = lambda p, b: value_and_grad(  # noqa: E731
+            jax.tree.map(lambda x: jax.lax.pcast(x, axis, to="varying"), p), b, extra)
+        add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
+        g_prev, c_prev = jax.tree.map(lambda x: x[0], pending.grads), pending.count[0]
+        if mode == "acco":
+            rows = jax.tree.leaves(batch)[0].shape[0]
+            if rows % 2:
+                raise ValueError(f"acco: the per-device batch ({rows}) must split into 2 micro-batches; "
+                                 f"use a batch size divisible by 2 x the device count")
+            half1, half2 = (jax.tree.map(lambda x: x[i * (rows // 2):(i + 1) * (rows // 2)], batch) for i in (0, 1))
+            estimate, _ = opt_step(g_prev, c_prev, opt_states, params)        # round 1, communication
+            (loss, aux), g1 = grad(params, half1)                               # round 1, compute
+            new, opt_states = opt_step(add(g_prev, g1), c_prev + 1, opt_states, params)  # round 2
+            (_, _), g_next = grad(estimate, half2)                              # round 2, compute
+            c_next = 1.0
+        else:  # the whole shard at θ_t, one micro-batch
+            (loss, aux), g = grad(params, batch)
+            if mode == "ddp":
+                new, opt_states = opt_step(g, 1.0, opt_states, params)
+                g_next, c_next = jax.tree.map(jnp.zeros_like, g), 0.0
+            else:
+                new, opt_states = opt_step(g_prev, c_prev, opt_states, params)
+                g_next, c_next = g, 1.0
+        loss, aux = jax.lax.pmean((loss, aux), axis)
+        c_next = jax.lax.pcast(jnp.full((1,), c_next, jnp.float32), axis, to="varying")
+        return new, opt_states, Pending(jax.tree.map(lambda x: x[None], g_next), c_next), loss, aux
+
+    def f(params, opt_states, pending, batch, extra):
+        state_spec = zero.state_specs(opt_states, axis) if whole else \
+            {k: zero.state_specs(opt_states[k], axis) for k in opts}
+        pend_spec = Pending(jax.tree.map(lambda _: P(axis), pending.grads), P(axis))
+        return jax.shard_map(per_shard, mesh=mesh, in_specs=(P(), state_spec, pend_spec, P(axis), P()),
+                             out_specs=(P(), state_spec, pend_spec, P(), P()))(
+            params, opt_states, pending, batch, extra)
+
+    return f

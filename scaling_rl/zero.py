@@ -86,7 +86,8 @@ class ShardedOptimizer:
         parameters and the new state slice. The gradient used is sum over devices / total count."""
         axis, n = self.axis, self.n
         dims = shard_dims(params, n)
-        total = jax.lax.psum(jnp.asarray(count, jnp.float32), axis)
+        # (a total of 0 only comes with an all-zero sum: ACCO's first update has no pending gradient)
+        total = jnp.maximum(jax.lax.psum(jnp.asarray(count, jnp.float32), axis), 1.0)
         i = jax.lax.axis_index(axis)
 
         def reduce(g, d):

@@ -60,4 +60,47 @@ def run(name):
             "devices": jax.device_count(), "processes": jax.process_count()}
 
 
-print(json.dumps({name: run(name) for name in CONFIGS}), flush=True)
+def zero_step():
+    """ZeRO-1 (scaling_rl/zero.py) over every device of the run: two sharded SGD-momentum steps with a
+    different gradient per device vs the replicated optax update of the mean gradient, computed here
+    (SGD-momentum: a state to shard and linear in g, so float rounding stays rounding)."""
+    import optax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from scaling_rl import parallel, zero
+
+    mesh, n = parallel.make_mesh(), jax.device_count()
+    params = {"w": np.arange(24.0, dtype=np.float32).reshape(8, 3) / 10, "b": np.ones((3,), np.float32),
+              "s": np.float32(0.5)}
+    grads = [jax.tree.map(lambda p, k=k: np.stack([p * (i + 1) * k + 0.01 * i for i in range(n)]), params)
+             for k in (1.0, -0.5)]
+    tx = optax.sgd(0.1, momentum=0.9)
+    opt = zero.ShardedOptimizer(tx, n)
+    state0 = jax.tree.map(np.asarray, opt.init(params))
+    specs = zero.state_specs(state0)
+
+    def place(tree, spec):
+        return jax.tree.map(lambda x, s: jax.make_array_from_callback(
+            np.shape(x), NamedSharding(mesh, s), lambda idx, x=x: np.asarray(np.asarray(x)[idx])), tree, spec)
+
+    f = jax.jit(jax.shard_map(lambda g, s, p: opt.step(jax.tree.map(lambda x: x[0], g), 1, s, p), mesh=mesh,
+                              in_specs=(P("data"), specs, P()), out_specs=(P(), specs)))
+    new, state = place(params, jax.tree.map(lambda _: P(), params)), place(state0, specs)
+    ref, ref_state = params, tx.init(params)
+    for g in grads:
+        new, state = f(place(g, jax.tree.map(lambda _: P("data"), g)), state, new)
+        upd, ref_state = tx.update(jax.tree.map(lambda x: x.mean(0), g), ref_state, ref)
+        ref = optax.apply_updates(ref, upd)
+    diff = max(float(np.max(np.abs(local(a) - np.asarray(b)))) for a, b in
+               zip(jax.tree.leaves(new), jax.tree.leaves(ref)))
+    return {"vs_replicated": diff,
+            "change": max(float(np.max(np.abs(local(a) - b))) for a, b in
+                          zip(jax.tree.leaves(new), jax.tree.leaves(params))),
+            "params": [local(x).ravel().tolist() for x in jax.tree.leaves(new)],
+            "state_shapes": [[list(x.shape), list(x.addressable_shards[0].data.shape)]
+                             for x in jax.tree.leaves(state)]}
+
+
+out = {name: run(name) for name in CONFIGS}
+out["zero"] = zero_step()
+print(json.dumps(out), flush=True)

@@ -60,3 +60,17 @@ def test_two_processes_equal_one_device(runs, agent):
         np.testing.assert_allclose(two_procs[0][agent][key], one_device[agent][key], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(list(two_procs[0][agent]["metrics"].values()),
                                list(one_device[agent]["metrics"].values()), rtol=1e-3, atol=1e-4)
+
+
+def test_zero1_over_two_processes_equals_the_replicated_update(runs):
+    """ZeRO-1 (scaling_rl/zero.py) with the mesh spanning 2 processes: each process keeps half of the
+    optimiser state, and the update equals the replicated one (and that of 1 process x 2 devices)."""
+    two_procs, one_proc, _ = runs
+    for r in two_procs + [one_proc]:
+        z = r["zero"]
+        assert z["change"] > 1e-2 and z["vs_replicated"] <= 1e-6, z
+    # momentum of b (3,: no even axis, kept whole per process), s (scalar: replicated), w (8x3: halves)
+    assert two_procs[0]["zero"]["state_shapes"] == [[[6], [3]], [[], []], [[8, 3], [4, 3]]]
+    assert two_procs[0]["zero"]["params"] == two_procs[1]["zero"]["params"]
+    np.testing.assert_allclose(np.concatenate([np.ravel(x) for x in two_procs[0]["zero"]["params"]]),
+                               np.concatenate([np.ravel(x) for x in one_proc["zero"]["params"]]), rtol=0, atol=1e-7)

@@ -47,3 +47,33 @@ def test_crl_sharded_state_is_a_quarter_of_the_replicated_one(four_devices):
     per_device = sum(math.prod(d) for _, d in r["shapes"])
     assert rep > 1000
     assert per_device <= rep / 4 + 16, (per_device, rep)  # + scalars and whole-kept odd leaves
+
+
+def test_crl_acco_flag_zero_delay_equals_zero1_and_acco_trains(four_devices):
+    a = four_devices["crl"]["acco"]
+    # acco=ddp (no overlap, zero delay) is the ZeRO-1 update: same numbers
+    assert a["ddp"]["vs_zero"] <= 1e-6 and a["ddp"]["metrics_vs_zero"] <= 1e-5, a
+    assert a["ddp"]["pending_count"] == [0.0] * 4
+    # acco=acco trains (finite, moves the parameters) and is a different update (half-shard micro-batches,
+    # the second at the estimate θ̃), with one micro-batch per device pending for the next update
+    assert a["acco"]["finite"] and a["acco"]["change"] > 1e-5, a
+    assert a["acco"]["vs_zero"] > 1e-6, a
+    assert a["acco"]["pending_count"] == [1.0] * 4
+    assert a["init_same_shapes"], a
+    assert all(g[0] == 4 and d[0] == 1 and d[1:] == g[1:] for g, d in a["pending_shapes"]), a["pending_shapes"]
+
+
+def test_sac_acco_flag_trains(four_devices):
+    a = four_devices["sac"]["acco"]
+    assert a["finite"] and a["change"] > 1e-5 and a["vs_zero"] > 1e-6, a
+    assert a["pending_count"] == [1.0] * 4
+
+
+@pytest.mark.parametrize("agent", ["crl", "sac"])
+def test_acco_flag_needs_zero_optimizer_and_a_known_mode(agent):
+    import importlib
+    mod = importlib.import_module(f"scaling_rl.agents.{agent}")
+    with pytest.raises(ValueError, match="^acco: 'acco' runs on the sharded optimiser; also set zero_optimizer"):
+        mod.Config(acco="acco")
+    with pytest.raises(ValueError, match="^acco: unknown 'zero'"):
+        mod.Config(acco="zero", zero_optimizer=True)

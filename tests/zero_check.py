@@ -15,7 +15,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
-from scaling_rl import parallel, replay, goal_replay, zero  # noqa: E402
+from scaling_rl import acco, parallel, replay, goal_replay, zero  # noqa: E402
 from scaling_rl.agents import common, crl, sac  # noqa: E402
 
 STEPS = 2
@@ -76,9 +76,26 @@ def check_crl(mesh, keys):
         for i in range(STEPS)]
     a, ma = run(rep.update, state.learner, batches, keys)
     b, mb = run(zro.update, zstate.learner, batches, keys)
+    # the learner flag acco=ddp|acco (scaling_rl/acco.py learner_update) from the same ZeRO-1 state
+    acc = {}
+    for mode in ("ddp", "acco"):
+        agent = crl.make(dataclasses.replace(cfg, zero_optimizer=True, acco=mode), mesh=mesh)
+        alearner = zlearner.replace(opt_state={"opt": zlearner.opt_state,
+                                               "pending": acco.pending_init(zlearner.params, 4)})
+        if mode == "acco":
+            acc["init_same_shapes"] = same_shapes(jax.eval_shape(agent.init, jax.random.PRNGKey(0)).learner,
+                                                  alearner)
+        c, mc = run(agent.update, alearner, batches, keys)
+        acc[mode] = {"vs_zero": max_diff(c.params, b.params), "metrics_vs_zero": max_diff(mc, mb),
+                     "change": max_diff(c.params, state.learner.params),
+                     "finite": bool(all(jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((c, mc)))),
+                     "pending_count": [float(x) for x in c.opt_state["pending"].count]}
+        if mode == "acco":
+            acc["pending_shapes"] = [[list(x.shape), list(x.addressable_shards[0].data.shape)]
+                                     for x in jax.tree.leaves(c.opt_state["pending"].grads)]
     return {"params": max_diff(a.params, b.params), "metrics": max_diff(ma, mb),
                   "change": max_diff(a.params, state.learner.params),
-                  "init_same_shapes": same,
+                  "init_same_shapes": same, "acco": acc,
                   "shapes": per_device_shapes(zstate.learner.opt_state, mesh),
                   "rep_shapes": [list(x.shape) for x in jax.tree.leaves(state.learner.opt_state)]}
 
@@ -102,9 +119,18 @@ def check_sac(mesh, keys):
     b, mb = run(zro.update, zstate.learner, batches, keys)
     nets_a = {k: a[k] for k in ("actor", "critic", "log_alpha")}
     nets_b = {k: b[k] for k in ("actor", "critic", "log_alpha")}
+    # acco=acco trains SAC (actor, critic, temperature groups) from the same ZeRO-1 state
+    agent = sac.make(dataclasses.replace(scfg, zero_optimizer=True, acco="acco"), mesh=mesh)
+    nets0 = {k: L[k] for k in ("actor", "critic", "log_alpha")}
+    c, mc = run(agent.update, {**zlearner, "acco_pending": acco.pending_init(nets0, 4)}, batches, keys)
+    nets_c = {k: c[k] for k in nets0}
+    acc = {"change": max_diff(nets_c, nets0), "vs_zero": max_diff(nets_c, nets_b),
+           "finite": bool(all(jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((c, mc)))),
+           "pending_count": [float(x) for x in c["acco_pending"].count]}
     out = {"params": max_diff(nets_a, nets_b), "metrics": max_diff(ma, mb),
                   "change": max_diff(nets_a, {k: state.learner[k] for k in nets_a}),
-                  "shapes": per_device_shapes(zstate.learner["opt"], mesh), "init_same_shapes": same}
+                  "shapes": per_device_shapes(zstate.learner["opt"], mesh), "init_same_shapes": same,
+           "acco": acc}
     return out
 
 

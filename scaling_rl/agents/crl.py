@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from scaling_rl import acco
 from scaling_rl import envs as envs_lib
 from scaling_rl import goal_replay
 from scaling_rl import nets
@@ -103,6 +104,7 @@ class Config:
     eval_episodes: int = 32
     data_parallel: bool = False
     zero_optimizer: bool = False      # ZeRO-1: Adam moments sharded over the data mesh (scaling_rl/zero.py)
+    acco: str = "off"                 # on ZeRO-1: off | ddp | dpu | acco (scaling_rl/acco.py learner_update)
 
     def __post_init__(self):
         for key in ("num_envs", "env_steps", "chunk_env_steps", "batch_size", "width", "depth",
@@ -123,6 +125,7 @@ class Config:
             if v % 4:
                 raise ValueError(f"{key}: counts Dense layers of CRL blocks (4 per block), got {v}; "
                                  f"use {_depth_hint(v)}")
+        acco.check_learner_mode(self.acco, self.zero_optimizer)
         if self.energy not in ENERGIES:
             raise ValueError(f"energy: unknown {self.energy!r}; use one of {', '.join(ENERGIES)}")
         if self.contrastive_loss not in CONTRASTIVE_LOSSES:
@@ -385,8 +388,11 @@ def make(cfg: Config, mesh=None, *, encoder_cls=None, actor_cls=None) -> common.
         raise ValueError("zero_optimizer: needs a data mesh; set data_parallel=True or pass mesh=")
     sharded = zero.ShardedOptimizer(optimizer, parallel.mesh_size(mesh)) if cfg.zero_optimizer else None
     zero_step = zero.zero_update(loss_fn, sharded, mesh) if sharded else None
+    acco_step = acco.learner_update(loss_fn, sharded, mesh, cfg.acco) if cfg.acco != "off" else None
 
     def opt_init(params):
+        if acco_step:  # the sharded state and the gradients waiting for the next update
+            return {"opt": sharded.init(params), "pending": acco.pending_init(params, sharded.n)}
         return sharded.init(params) if sharded else optimizer.init(params)
 
     def update(learner: Learner, batch: dict, key: jax.Array) -> tuple[Learner, dict]:
@@ -394,6 +400,10 @@ def make(cfg: Config, mesh=None, *, encoder_cls=None, actor_cls=None) -> common.
         reparameterisation noise, drawn from `key` unless given, so results do not depend on sharding)."""
         if "noise" not in batch:
             batch = {**batch, "noise": jax.random.normal(key, (batch["state"].shape[0], a_dim))}
+        if acco_step:
+            s = learner.opt_state
+            params, opt_state, pending, _, aux = acco_step(learner.params, s["opt"], s["pending"], batch, None)
+            return Learner(params, {"opt": opt_state, "pending": pending}), aux
         if sharded:
             params, opt_state, _, aux = zero_step(learner.params, learner.opt_state, batch, None)
             return Learner(params, opt_state), aux

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from scaling_rl import acco
 from scaling_rl import nets
 from scaling_rl import parallel
 from scaling_rl import zero
@@ -58,9 +59,11 @@ class Config(common.BaseConfig):
     init_alpha: float = 1.0
     target_entropy: float | None = None  # None: -action_dim
     zero_optimizer: bool = False      # ZeRO-1: optimiser states sharded over the data mesh (scaling_rl/zero.py)
+    acco: str = "off"                 # on ZeRO-1: off | ddp | dpu | acco (scaling_rl/acco.py learner_update)
 
     def _validate(self) -> None:
         super()._validate()
+        acco.check_learner_mode(self.acco, self.zero_optimizer)
         if not common._is_int(self.num_critics) or self.num_critics < 1:
             raise ValueError(f"num_critics: must be an integer >= 1, got {self.num_critics!r}; e.g. 2")
         if self.critic_agg not in ("min", "mean"):
@@ -183,7 +186,9 @@ def make(cfg: Config, mesh=None) -> common.Agent:
                         "alpha": alpha_opt.init(log_alpha)} if sharded is None else
                        {"actor": sharded["actor"].init(actor_params),
                         "critic": sharded["critic"].init(critic_params),
-                        "alpha": sharded["log_alpha"].init(log_alpha)}}
+                        "alpha": sharded["log_alpha"].init(log_alpha)},
+                **({} if acco_step is None else {"acco_pending": acco.pending_init(
+                    {"actor": actor_params, "critic": critic_params, "log_alpha": log_alpha}, n)})}
 
     def targets(actor_params, target_critic, log_alpha, batch, noise_next):
         mean, log_std = actor.apply(actor_params, batch["next_obs"])
@@ -210,6 +215,7 @@ def make(cfg: Config, mesh=None) -> common.Agent:
 
     value_and_grad = parallel.data_parallel_value_and_grad(loss_fn, mesh)
     zero_step = zero.zero_update(loss_fn, sharded, mesh) if sharded else None
+    acco_step = acco.learner_update(loss_fn, sharded, mesh, cfg.acco) if cfg.acco != "off" else None
 
     def with_noise(batch, key):
         k_next, k_pi = jax.random.split(key)
@@ -221,7 +227,12 @@ def make(cfg: Config, mesh=None) -> common.Agent:
         params = {k: learner[k] for k in ("actor", "critic", "log_alpha")}
         if sharded:
             states = {k: learner["opt"][opt_key[k]] for k in sharded}
-            new, states, _, aux = zero_step(params, states, with_noise(batch, key), learner["target_critic"])
+            if acco_step:
+                new, states, pending, _, aux = acco_step(params, states, learner["acco_pending"],
+                                                         with_noise(batch, key), learner["target_critic"])
+                new["acco_pending"] = pending
+            else:
+                new, states, _, aux = zero_step(params, states, with_noise(batch, key), learner["target_critic"])
             new["target_critic"] = common.polyak_update(learner["target_critic"], new["critic"], cfg.tau)
             new["opt"] = {opt_key[k]: v for k, v in states.items()}
             return new, aux
