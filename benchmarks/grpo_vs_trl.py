@@ -48,6 +48,36 @@ from scaling_rl.llm.tasks import AdditionTask  # noqa: E402
 from scaling_rl.llm.trainer import GRPOConfig, GRPOTrainer  # noqa: E402
 
 
+MODEL_CPU = [0.0]   # process CPU seconds inside the policy's forward passes and backward so far
+
+
+def meter_model_time(model_cls) -> None:
+    """Count CPU time spent in `model_cls.forward` (every forward: generation, log-probs, the
+    training pass) and in `torch.autograd.backward`, the model work both trainers share; the
+    rest of a step is the trainer's own (tokenising, rewards, objective, optimizer, bookkeeping)."""
+    import functools
+
+    def metered(fn):
+        @functools.wraps(fn)
+        def inner(*a, **k):
+            c0 = time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                MODEL_CPU[0] += time.process_time() - c0
+        return inner
+    model_cls.forward = metered(model_cls.forward)
+    torch.autograd.backward = metered(torch.autograd.backward)
+
+
+def _clocks() -> tuple[float, float, float]:
+    return time.perf_counter(), time.process_time(), MODEL_CPU[0]
+
+
+def _since(t0) -> tuple[float, float, float]:
+    return tuple(b - a for a, b in zip(t0, _clocks()))
+
+
 def build_trl(model_dir, task, args, steps, after_step=None):
     """TRL's trainer for `steps` steps; `after_step(global_step)` runs after each step's timing."""
     import datasets
@@ -64,14 +94,14 @@ def build_trl(model_dir, task, args, steps, after_step=None):
         return [task.reward(task.problem(k), c, eos in ids)
                 for c, ids, k in zip(completions, completion_ids, key)]
 
-    times: list[tuple[float, float]] = []
+    times: list[tuple[float, float, float]] = []
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *a, **k):
-            self.t0 = (time.perf_counter(), time.process_time())
+            self.t0 = _clocks()
 
         def on_step_end(self, args_, state, control, **k):
-            times.append((time.perf_counter() - self.t0[0], time.process_time() - self.t0[1]))
+            times.append(_since(self.t0))
             if after_step is not None:
                 after_step(state.global_step)
 
@@ -101,13 +131,13 @@ def build_ours(model_dir, args, steps) -> GRPOTrainer:
     return trainer
 
 
-def time_steps(trainer, n) -> list[tuple[float, float]]:
-    """(wall s, process CPU s) of each of `n` of our steps."""
+def time_steps(trainer, n) -> list[tuple[float, float, float]]:
+    """(wall s, process CPU s, CPU s in the model's passes) of each of `n` of our steps."""
     times = []
     for _ in range(n):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0 = _clocks()
         trainer.train_step()
-        times.append((time.perf_counter() - t0, time.process_time() - c0))
+        times.append(_since(t0))
     return times
 
 
@@ -123,9 +153,10 @@ def interleaved(model_dir, task, args):
     """TRL and our trainer stepping in alternating blocks; per-round step-time ratios."""
     total = args.warmup + args.rounds * args.block
     ours = build_ours(model_dir, args, total)
+    meter_model_time(type(ours.model))
     torch.set_num_threads(args.threads)
     time_steps(ours, args.warmup)
-    our_blocks: list[list[tuple[float, float]]] = []
+    our_blocks: list[list[tuple[float, float, float]]] = []
 
     def after_trl_step(step):
         torch.set_num_threads(args.threads)  # accelerate may have changed it
@@ -217,6 +248,13 @@ def main(argv=None) -> int:
         name = "speedup_vs_trl" + ("_cpu_time" if key else "")
         sp = spread([a / b for a, b in zip(t_trl, t_ours)])
         result[name], result[name + "_spread"] = sp["median"], sp
+    # where the CPU time goes: the model's passes (forwards + backward) vs the trainer's own work;
+    # `bound_if_no_overhead`: TRL's step over our model time alone, the ratio with zero overhead
+    for side, blocks in (("trl", trl_blocks), ("ours", our_blocks)):
+        steps = [t for b in blocks for t in b]
+        result[f"{side}_model_cpu_s"] = med(t[2] for t in steps)
+        result[f"{side}_overhead_cpu_s"] = med(t[1] - t[2] for t in steps)
+    result["bound_if_no_overhead"] = result["trl_step_cpu_s"] / result["ours_model_cpu_s"]
 
     diffs = loss_check(trl_trainer, trl_trainer.model, tok, task, args)
     max_rel = max(diffs.values())
@@ -229,6 +267,10 @@ def main(argv=None) -> int:
         sp = result[name + "_spread"]
         print(f"{name}={sp['median']:.2f} 95% CI [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] "
               f"range [{sp['min']:.2f}, {sp['max']:.2f}] over {sp['rounds']} rounds")
+    print(f"CPU s per step: TRL {result['trl_step_cpu_s']:.4f} (model {result['trl_model_cpu_s']:.4f}, "
+          f"rest {result['trl_overhead_cpu_s']:.4f}), ours {result['ours_step_cpu_s']:.4f} (model "
+          f"{result['ours_model_cpu_s']:.4f}, rest {result['ours_overhead_cpu_s']:.4f}); with no "
+          f"overhead of ours the ratio would be {result['bound_if_no_overhead']:.2f}")
     print(f"speedup_vs_trl={result['speedup_vs_trl']:.2f}")
     return 0 if result["loss_equal"] else 1
 

@@ -129,13 +129,14 @@ def _new_cache(model):
 def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int,
            eos_id, pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
            generator: torch.Generator | None = None, record_logp: bool = False,
-           version: int = 0, record_versions: bool | None = None) -> Batch:
+           version: int = 0, record_versions: bool | None = None, shared_prefix: int = 1) -> Batch:
     """Sample one completion per row, stopping a row at any id of `eos_id` (an int or a sequence)
     and the batch when all rows stopped. `record_logp`: also return the behaviour log-probs;
-    `record_versions` (default: `record_logp`): `version` as every token's policy version."""
+    `record_versions` (default: `record_logp`): `version` as every token's policy version.
+    `shared_prefix=k`: rows are runs of k copies of one prompt (each run's prompt is encoded once)."""
     with torch.inference_mode():
         ids, logp = _sample(model, prompt_ids, prompt_mask, max_new_tokens, eos_id, pad_id,
-                            temperature, top_p, generator, record_logp)
+                            temperature, top_p, generator, record_logp, shared_prefix)
         mask, finished = first_stop_mask(ids, eos_id)
     # clones made outside inference mode, so autograd may later save them (e.g. gather indices)
     record_versions = record_logp if record_versions is None else record_versions
@@ -153,13 +154,19 @@ def token_logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -
 
 
 def _sample(model, prompt_ids, prompt_mask, max_new_tokens, eos_id, pad_id, temperature, top_p,
-            generator, record_logp=False):
+            generator, record_logp=False, shared_prefix=1):
     B, dev = prompt_ids.shape[0], prompt_ids.device
     pos = _positions(prompt_mask)
     cache_kw, cache = _new_cache(model)  # filled in place by every forward
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos,
+    # shared_prefix = k: rows come in runs of k identical prompts (G completions of one prompt);
+    # the prompt is encoded once per run and its KV cache and last logits repeated k times
+    k = shared_prefix if shared_prefix > 1 and B % shared_prefix == 0 else 1
+    out = model(input_ids=prompt_ids[::k], attention_mask=prompt_mask[::k], position_ids=pos[::k],
                 use_cache=True, logits_to_keep=1, **{cache_kw: cache})
     logits = out.logits[:, -1]
+    if k > 1:
+        cache.batch_repeat_interleave(k)
+        logits = logits.repeat_interleave(k, dim=0)
     attn, next_pos = prompt_mask, pos[:, -1:] + 1
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     tokens, logps = [], []
@@ -319,7 +326,7 @@ def sample_groups(model, tokenizer, task, problems, cfg, *, eos_ids, max_len: in
         batch = sample(model, ids, mask, max_new_tokens=max_len, eos_id=eos_ids,
                        pad_id=tokenizer.pad_token_id, temperature=cfg.temperature,
                        top_p=cfg.top_p, generator=generator, record_logp=record_logp,
-                       record_versions=True, version=version)
+                       record_versions=True, version=version, shared_prefix=G)
     rewards = score(task, [p for p in problems for _ in range(G)], tokenizer, batch)
     return batch, rewards
 
