@@ -53,6 +53,10 @@ def stop_ids(model, tokenizer) -> tuple[int, ...]:
 
 
 def _is_stop(tokens: torch.Tensor, eos_id) -> torch.Tensor:
+    if isinstance(eos_id, torch.Tensor):
+        return torch.isin(tokens, eos_id)
+    if not isinstance(eos_id, int) and len(eos_id) == 1:
+        eos_id = int(next(iter(eos_id)))
     if isinstance(eos_id, int):
         return tokens == eos_id
     return torch.isin(tokens, torch.as_tensor(list(eos_id), device=tokens.device))
@@ -169,6 +173,8 @@ def _sample(model, prompt_ids, prompt_mask, max_new_tokens, eos_id, pad_id, temp
         logits = logits.repeat_interleave(k, dim=0)
     attn, next_pos = prompt_mask, pos[:, -1:] + 1
     done = torch.zeros(B, dtype=torch.bool, device=dev)
+    if not isinstance(eos_id, int) and len(eos_id) > 1:   # one tensor, not one per decode step
+        eos_id = torch.as_tensor(list(eos_id), device=dev)
     tokens, logps = [], []
     for t in range(max_new_tokens):
         tok = _sample_next(logits, temperature, top_p, generator)
