@@ -174,6 +174,9 @@ def test_train_eval_switch_does_not_rekernelise_every_step(tmp_path, monkeypatch
             trainer.model.eval()
             rollout.set_training(trainer.model, True)
             assert trainer.model._kernels_mode == Mode.TRAINING
+            trainer.model.eval()           # also inside a wrapper module (the video policy's case)
+            rollout.set_training(torch.nn.ModuleList([trainer.model]), True)
+            assert trainer.model._kernels_mode == Mode.TRAINING
     finally:
         trainer.close()
 

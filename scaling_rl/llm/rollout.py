@@ -35,12 +35,13 @@ def set_training(model, mode: bool) -> None:
     once for training: training kernels also run forward-only passes, so switching back and forth
     never needs a new kernel mapping. A `model.eval()` elsewhere (inference kernels) is undone at
     the next call."""
-    for module in model.modules():
+    from transformers import PreTrainedModel
+    for module in model.modules():   # a wrapper's inner transformers model included
         module.training = mode
-    if getattr(model, "use_kernels", False):
-        from kernels import Mode
-        if getattr(model, "_kernels_mode", None) != Mode.TRAINING:
-            model.kernels_mode = Mode.TRAINING
+        if isinstance(module, PreTrainedModel) and module.use_kernels:
+            from kernels import Mode
+            if getattr(module, "_kernels_mode", None) != Mode.TRAINING:
+                module.kernels_mode = Mode.TRAINING
 
 
 def stop_ids(model, tokenizer) -> tuple[int, ...]:
