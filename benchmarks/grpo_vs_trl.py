@@ -1,12 +1,17 @@
 """Our GRPO step vs TRL's `GRPOTrainer` on the same tiny model, CPU only.
 
-    python benchmarks/grpo_vs_trl.py [--steps 8] [--warmup 2] [--loss-type dapo] [--out FILE.json]
+    python benchmarks/grpo_vs_trl.py [--rounds 12] [--block 4] [--warmup 2] [--loss-type dapo] [--out FILE.json]
 
 Both sides: the same randomly initialised tiny Qwen2 (char tokenizer), the same prompts
 (2-digit addition), G completions per prompt, the same max completion length, loss type,
 ε, β = 0, μ = 1, one optimizer step per generation batch, single-threaded torch.
-Per-step wall time (and process CPU time, steadier on a shared machine) is measured after
-`--warmup` steps; we report medians.
+
+Interleaved (ABAB...): TRL's training loop drives; after each block of `--block` TRL steps a
+callback runs `--block` of our steps, `--rounds` times, after `--warmup` steps of each. Per step
+we record wall time and process CPU time (steadier on a shared machine: other jobs' time is not
+counted). Per round: ratio = median TRL step / median our step. Reported: the median of the
+per-round ratios, a 95% bootstrap interval of that median (rounds resampled, 2000 draws, seed 0)
+and the [min, max] of the rounds, for wall and CPU time; a load change hits both sides of a round.
 
 Loss check: one batch of fixed inputs (prompt/completion ids, masks, advantages, and perturbed
 old log-probs so both clip edges are hit) is fed to TRL's `compute_loss` and to our objective
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -42,7 +48,38 @@ from scaling_rl.llm.tasks import AdditionTask  # noqa: E402
 from scaling_rl.llm.trainer import GRPOConfig, GRPOTrainer  # noqa: E402
 
 
-def build_trl(model_dir, task, args, steps):
+MODEL_CPU = [0.0]   # process CPU seconds inside the policy's forward passes and backward so far
+
+
+def meter_model_time(model_cls) -> None:
+    """Count CPU time spent in `model_cls.forward` (every forward: generation, log-probs, the
+    training pass) and in `torch.autograd.backward`, the model work both trainers share; the
+    rest of a step is the trainer's own (tokenising, rewards, objective, optimizer, bookkeeping)."""
+    import functools
+
+    def metered(fn):
+        @functools.wraps(fn)
+        def inner(*a, **k):
+            c0 = time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                MODEL_CPU[0] += time.process_time() - c0
+        return inner
+    model_cls.forward = metered(model_cls.forward)
+    torch.autograd.backward = metered(torch.autograd.backward)
+
+
+def _clocks() -> tuple[float, float, float]:
+    return time.perf_counter(), time.process_time(), MODEL_CPU[0]
+
+
+def _since(t0) -> tuple[float, float, float]:
+    return tuple(b - a for a, b in zip(t0, _clocks()))
+
+
+def build_trl(model_dir, task, args, steps, after_step=None):
+    """TRL's trainer for `steps` steps; `after_step(global_step)` runs after each step's timing."""
     import datasets
     import trl
     from transformers import TrainerCallback
@@ -57,14 +94,16 @@ def build_trl(model_dir, task, args, steps):
         return [task.reward(task.problem(k), c, eos in ids)
                 for c, ids, k in zip(completions, completion_ids, key)]
 
-    times: list[tuple[float, float]] = []
+    times: list[tuple[float, float, float]] = []
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *a, **k):
-            self.t0 = (time.perf_counter(), time.process_time())
+            self.t0 = _clocks()
 
-        def on_step_end(self, *a, **k):
-            times.append((time.perf_counter() - self.t0[0], time.process_time() - self.t0[1]))
+        def on_step_end(self, args_, state, control, **k):
+            times.append(_since(self.t0))
+            if after_step is not None:
+                after_step(state.global_step)
 
     cfg = trl.GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_bench_"), use_cpu=True, bf16=False, fp16=False,
@@ -82,19 +121,57 @@ def build_trl(model_dir, task, args, steps):
     return trainer, times, trl.__version__
 
 
-def time_ours(model_dir, args, steps) -> list[tuple[float, float]]:
+def build_ours(model_dir, args, steps) -> GRPOTrainer:
     cfg = GRPOConfig(init_from=str(model_dir), sft_steps=0, steps=steps, prompts_per_step=args.prompts,
                      group_size=args.group_size, max_completion_length=args.max_len, lr=args.lr,
                      loss_type=args.loss_type, beta=0.0, epsilon_low=0.2, epsilon_high=0.2,
                      num_iterations=1, scale_rewards="group", eval_problems=1)
     trainer = GRPOTrainer(cfg)
     trainer.setup()
+    return trainer
+
+
+def time_steps(trainer, n) -> list[tuple[float, float, float]]:
+    """(wall s, process CPU s, CPU s in the model's passes) of each of `n` of our steps."""
     times = []
-    for _ in range(steps):
-        t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        t0 = _clocks()
         trainer.train_step()
-        times.append((time.perf_counter() - t0, time.process_time() - c0))
+        times.append(_since(t0))
     return times
+
+
+def spread(ratios: list[float], draws: int = 2000) -> dict:
+    """Median of per-round ratios, its 95% bootstrap interval (rounds resampled), min and max."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return {"median": statistics.median(ratios), "ci95": [meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]],
+            "min": min(ratios), "max": max(ratios), "rounds": len(ratios)}
+
+
+def interleaved(model_dir, task, args):
+    """TRL and our trainer stepping in alternating blocks; per-round step-time ratios."""
+    total = args.warmup + args.rounds * args.block
+    ours = build_ours(model_dir, args, total)
+    meter_model_time(type(ours.model))
+    torch.set_num_threads(args.threads)
+    time_steps(ours, args.warmup)
+    our_blocks: list[list[tuple[float, float, float]]] = []
+
+    def after_trl_step(step):
+        torch.set_num_threads(args.threads)  # accelerate may have changed it
+        if step > args.warmup and (step - args.warmup) % args.block == 0:
+            our_blocks.append(time_steps(ours, args.block))
+
+    trl_trainer, trl_times, trl_version = build_trl(model_dir, task, args, total, after_trl_step)
+    torch.set_num_threads(args.threads)
+    trl_trainer.train()
+    trl_blocks = [trl_times[args.warmup + r * args.block: args.warmup + (r + 1) * args.block]
+                  for r in range(args.rounds)]
+    if len(our_blocks) != args.rounds or any(len(b) != args.block for b in trl_blocks):
+        raise RuntimeError(f"interleaving: {len(our_blocks)} of our blocks and {len(trl_times)} TRL "
+                           f"steps for {args.rounds} rounds of {args.block}")
+    return trl_trainer, trl_version, trl_blocks, our_blocks
 
 
 def loss_check(trl_trainer, model, tok, task, args) -> dict[str, float]:
@@ -133,7 +210,8 @@ def loss_check(trl_trainer, model, tok, task, args) -> dict[str, float]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=12, help="interleaved TRL/ours rounds")
+    p.add_argument("--block", type=int, default=4, help="steps of each side per round")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
@@ -143,37 +221,57 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
+    for key in ("rounds", "block", "threads", "prompts", "max_len"):
+        if getattr(args, key) < 1:
+            print(f"--{key.replace('_', '-')}: {getattr(args, key)} must be >= 1", file=sys.stderr)
+            return 2
+    if args.warmup < 0 or args.group_size < 2:
+        print("--warmup must be >= 0 and --group-size >= 2", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     task = AdditionTask(2)
     model_dir = Path(tempfile.mkdtemp(prefix="bench_model_"))
     model, tok = load_policy("tiny", seed=0)
     save_policy(model, tok, model_dir)
 
-    total = args.warmup + args.steps
-    trl_trainer, trl_times, trl_version = build_trl(model_dir, task, args, total)
-    trl_trainer.train()
-    torch.set_num_threads(args.threads)  # accelerate may have changed it
-    ours = time_ours(model_dir, args, total)
-    t_trl = statistics.median(t for t, _ in trl_times[args.warmup:])
-    t_ours = statistics.median(t for t, _ in ours[args.warmup:])
-    # CPU time of this process: less sensitive than wall time to other jobs on a shared box
-    c_trl = statistics.median(c for _, c in trl_times[args.warmup:])
-    c_ours = statistics.median(c for _, c in ours[args.warmup:])
+    trl_trainer, trl_version, trl_blocks, our_blocks = interleaved(model_dir, task, args)
+    med = statistics.median
+    result = {"trl_version": trl_version, "torch_threads": args.threads,
+              "prompts": args.prompts, "group_size": args.group_size, "max_len": args.max_len,
+              "loss_type": args.loss_type, "rounds": args.rounds, "block": args.block,
+              "load_average": list(os.getloadavg())}
+    for key, i in (("", 0), ("_cpu", 1)):   # wall time, process CPU time
+        t_trl = [med(t[i] for t in b) for b in trl_blocks]
+        t_ours = [med(t[i] for t in b) for b in our_blocks]
+        result[f"trl_step{key}_s"] = med(t_trl)
+        result[f"ours_step{key}_s"] = med(t_ours)
+        name = "speedup_vs_trl" + ("_cpu_time" if key else "")
+        sp = spread([a / b for a, b in zip(t_trl, t_ours)])
+        result[name], result[name + "_spread"] = sp["median"], sp
+    # where the CPU time goes: the model's passes (forwards + backward) vs the trainer's own work;
+    # `bound_if_no_overhead`: TRL's step over our model time alone, the ratio with zero overhead
+    for side, blocks in (("trl", trl_blocks), ("ours", our_blocks)):
+        steps = [t for b in blocks for t in b]
+        result[f"{side}_model_cpu_s"] = med(t[2] for t in steps)
+        result[f"{side}_overhead_cpu_s"] = med(t[1] - t[2] for t in steps)
+    result["bound_if_no_overhead"] = result["trl_step_cpu_s"] / result["ours_model_cpu_s"]
 
     diffs = loss_check(trl_trainer, trl_trainer.model, tok, task, args)
     max_rel = max(diffs.values())
-    result = {"trl_version": trl_version, "torch_threads": args.threads,
-              "prompts": args.prompts, "group_size": args.group_size, "max_len": args.max_len,
-              "loss_type": args.loss_type, "steps_timed": args.steps,
-              "trl_step_s": t_trl, "ours_step_s": t_ours, "speedup_vs_trl": t_trl / t_ours,
-              "trl_step_cpu_s": c_trl, "ours_step_cpu_s": c_ours,
-              "speedup_vs_trl_cpu_time": c_trl / c_ours,
-              "loss_rel_diff": diffs, "loss_equal": max_rel < 1e-4}
+    result.update({"loss_rel_diff": diffs, "loss_equal": max_rel < 1e-4})
     print(json.dumps(result, indent=2))
     if args.out:
         sio.atomic_write_json(args.out, result)
     print(f"loss_equal={result['loss_equal']} max_rel_diff={max_rel:.2e}")
-    print(f"speedup_vs_trl={t_trl / t_ours:.2f}")
+    for name in ("speedup_vs_trl_cpu_time", "speedup_vs_trl"):
+        sp = result[name + "_spread"]
+        print(f"{name}={sp['median']:.2f} 95% CI [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] "
+              f"range [{sp['min']:.2f}, {sp['max']:.2f}] over {sp['rounds']} rounds")
+    print(f"CPU s per step: TRL {result['trl_step_cpu_s']:.4f} (model {result['trl_model_cpu_s']:.4f}, "
+          f"rest {result['trl_overhead_cpu_s']:.4f}), ours {result['ours_step_cpu_s']:.4f} (model "
+          f"{result['ours_model_cpu_s']:.4f}, rest {result['ours_overhead_cpu_s']:.4f}); with no "
+          f"overhead of ours the ratio would be {result['bound_if_no_overhead']:.2f}")
+    print(f"speedup_vs_trl={result['speedup_vs_trl']:.2f}")
     return 0 if result["loss_equal"] else 1
 
 

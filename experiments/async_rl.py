@@ -86,6 +86,10 @@ def add_clocks(df):
     return df
 
 
+def _range(values, fmt: str) -> str:
+    return f"[{format(values.min(), fmt)}, {format(values.max(), fmt)}]"
+
+
 def summarise(df):
     """One row per variant: final accuracy, completions/s, staleness."""
     import pandas as pd
@@ -93,14 +97,20 @@ def summarise(df):
     for label, g in df.groupby("variant", sort=False):
         last = g[g["step"] == g["step"].max()]
         start = g[g["step"] == 0]
+        # per seed (each its own SFT start and run): the spread columns are [min, max] over seeds
+        end = g[g["step"] == g.groupby("seed")["step"].transform("max")].set_index("seed")
+        rate = end["samples"] / g.groupby("seed")["wall_s"].max()
         rows.append({
-            "variant": label, "eta": int(g["eta"].iloc[0]),
+            "variant": label, "eta": int(g["eta"].iloc[0]), "seeds": int(g["seed"].nunique()),
             "pass@1 start": float(start["eval/pass@1"].mean()),
             "pass@1 end": float(last["eval/pass@1"].mean()),
+            # seeds start from their own SFT base (different pass@1): the spread is of the gain
+            "pass@1 gain [min, max]": _range(end["eval/pass@1"] - start.set_index("seed")["eval/pass@1"], "+.3f"),
             "greedy end": float(last["eval/accuracy"].mean()),
             "wall s": float(g.groupby("seed")["wall_s"].max().mean()),
             "worker start s": float(g["startup_s"].mean()),
             "completions/s": float(last["samples"].mean() / g.groupby("seed")["wall_s"].max().mean()),
+            "completions/s [min, max]": _range(rate, ".0f"),
             "staleness mean": float(g["staleness_mean"].mean()),
             "staleness max": float(g["staleness_max"].max()),
             "mixed-version completions": float(g.get("mixed_version_frac", pd.Series([0.0])).mean()),

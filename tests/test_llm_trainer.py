@@ -143,3 +143,52 @@ def test_cli_grpo_and_passk(tmp_path, capsys):
     assert list(pk["k"]) == [1, 2, 4, 8] and pk["pass_at_k"].is_monotonic_increasing
     assert main(["passk", "--model", str(tmp_path), "--out", str(table)]) == 2
     assert main(["passk", "--model", str(out / "base_model"), "--out", str(tmp_path / "x.txt")]) == 2
+
+
+def test_train_eval_switch_does_not_rekernelise_every_step(tmp_path, monkeypatch):
+    """A saved policy loads with hub kernels on (transformers' default); `model.train()` /
+    `model.eval()` re-kernelise on every switch (two per GRPO step). The trainer's switch sets the
+    dropout flags and keeps one training-mode kernel mapping: no re-kernelisation per step."""
+    from transformers import PreTrainedModel
+    model, tok = load_policy("tiny", hidden_size=32, num_heads=2)
+    save_policy(model, tok, tmp_path / "init")
+    from scaling_rl.llm.trainer import GRPOTrainer
+    trainer = GRPOTrainer(GRPOConfig(init_from=str(tmp_path / "init"), steps=3, prompts_per_step=2,
+                                     group_size=2, max_completion_length=4, eval_problems=1))
+    trainer.setup()
+    calls = []
+    inner = PreTrainedModel.set_use_kernels
+    monkeypatch.setattr(PreTrainedModel, "set_use_kernels",
+                        lambda self, *a, **k: (calls.append(k.get("mode")), inner(self, *a, **k))[1])
+    try:
+        trainer.train_step()          # the first switch may kernelise once, for training
+        first = len(calls)
+        for _ in range(2):
+            trainer.train_step()
+        assert first <= 1 and len(calls) == first
+        assert not any(m.training for m in trainer.model.modules())    # eval between steps
+        rollout.set_training(trainer.model, True)
+        assert all(m.training for m in trainer.model.modules())
+        if getattr(trainer.model, "use_kernels", False):   # a transformers eval() is undone
+            from kernels import Mode
+            trainer.model.eval()
+            rollout.set_training(trainer.model, True)
+            assert trainer.model._kernels_mode == Mode.TRAINING
+            trainer.model.eval()           # also inside a wrapper module (the video policy's case)
+            rollout.set_training(torch.nn.ModuleList([trainer.model]), True)
+            assert trainer.model._kernels_mode == Mode.TRAINING
+    finally:
+        trainer.close()
+
+
+def test_group_prompts_tokenised_once_give_the_same_rows():
+    model, tok = load_policy("tiny", hidden_size=32, num_heads=2)
+    task = AdditionTask(2)
+    problems = task.problems("train", 3, seed=0) + [task.problems("train", 1, seed=9)[0]]
+    cfg = GRPOConfig(group_size=3, max_completion_length=4)
+    batch, _ = rollout.sample_groups(model, tok, task, problems, cfg, eos_ids=(tok.eos_token_id,),
+                                     max_len=4, generator=torch.Generator().manual_seed(0),
+                                     version=2, device="cpu", record_logp=False)
+    ids, mask = rollout.encode_prompts(tok, [p.prompt for p in problems for _ in range(3)])
+    assert torch.equal(batch.prompt_ids, ids) and torch.equal(batch.prompt_mask, mask)
+    assert batch.logp is None and (batch.versions == 2).all()

@@ -28,6 +28,22 @@ class Batch:
     versions: torch.Tensor | None = None  # (B, T) int64 policy version that sampled each token
 
 
+def set_training(model, mode: bool) -> None:
+    """`model.train(mode)` without transformers' per-call re-kernelisation (~1.5 ms a call on the
+    tiny model, more on a deep one; two calls per GRPO step). Sets every module's `training` flag
+    (dropout), and a model using hub kernels (`use_kernels`, transformers' default) is kernelised
+    once for training: training kernels also run forward-only passes, so switching back and forth
+    never needs a new kernel mapping. A `model.eval()` elsewhere (inference kernels) is undone at
+    the next call."""
+    from transformers import PreTrainedModel
+    for module in model.modules():   # a wrapper's inner transformers model included
+        module.training = mode
+        if isinstance(module, PreTrainedModel) and module.use_kernels:
+            from kernels import Mode
+            if getattr(module, "_kernels_mode", None) != Mode.TRAINING:
+                module.kernels_mode = Mode.TRAINING
+
+
 def stop_ids(model, tokenizer) -> tuple[int, ...]:
     """Every id that ends a completion: the tokenizer's EOS and all of the generation config's."""
     ids = {tokenizer.eos_token_id}
@@ -38,6 +54,10 @@ def stop_ids(model, tokenizer) -> tuple[int, ...]:
 
 
 def _is_stop(tokens: torch.Tensor, eos_id) -> torch.Tensor:
+    if isinstance(eos_id, torch.Tensor):
+        return torch.isin(tokens, eos_id)
+    if not isinstance(eos_id, int) and len(eos_id) == 1:
+        eos_id = int(next(iter(eos_id)))
     if isinstance(eos_id, int):
         return tokens == eos_id
     return torch.isin(tokens, torch.as_tensor(list(eos_id), device=tokens.device))
@@ -114,16 +134,18 @@ def _new_cache(model):
 def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int,
            eos_id, pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
            generator: torch.Generator | None = None, record_logp: bool = False,
-           version: int = 0) -> Batch:
+           version: int = 0, record_versions: bool | None = None, shared_prefix: int = 1) -> Batch:
     """Sample one completion per row, stopping a row at any id of `eos_id` (an int or a sequence)
-    and the batch when all rows stopped. `record_logp`: also return the behaviour log-probs and
-    `version` as every token's policy version."""
+    and the batch when all rows stopped. `record_logp`: also return the behaviour log-probs;
+    `record_versions` (default: `record_logp`): `version` as every token's policy version.
+    `shared_prefix=k`: rows are runs of k copies of one prompt (each run's prompt is encoded once)."""
     with torch.inference_mode():
         ids, logp = _sample(model, prompt_ids, prompt_mask, max_new_tokens, eos_id, pad_id,
-                            temperature, top_p, generator, record_logp)
+                            temperature, top_p, generator, record_logp, shared_prefix)
         mask, finished = first_stop_mask(ids, eos_id)
     # clones made outside inference mode, so autograd may later save them (e.g. gather indices)
-    versions = torch.full_like(ids, version) if record_logp else None
+    record_versions = record_logp if record_versions is None else record_versions
+    versions = torch.full_like(ids, version) if record_versions else None
     return Batch(prompt_ids, prompt_mask, ids.clone(), mask.clone(), finished.clone(),
                  None if logp is None else logp.clone(), versions)
 
@@ -137,15 +159,23 @@ def token_logp(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -
 
 
 def _sample(model, prompt_ids, prompt_mask, max_new_tokens, eos_id, pad_id, temperature, top_p,
-            generator, record_logp=False):
+            generator, record_logp=False, shared_prefix=1):
     B, dev = prompt_ids.shape[0], prompt_ids.device
     pos = _positions(prompt_mask)
     cache_kw, cache = _new_cache(model)  # filled in place by every forward
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos,
+    # shared_prefix = k: rows come in runs of k identical prompts (G completions of one prompt);
+    # the prompt is encoded once per run and its KV cache and last logits repeated k times
+    k = shared_prefix if shared_prefix > 1 and B % shared_prefix == 0 else 1
+    out = model(input_ids=prompt_ids[::k], attention_mask=prompt_mask[::k], position_ids=pos[::k],
                 use_cache=True, logits_to_keep=1, **{cache_kw: cache})
     logits = out.logits[:, -1]
+    if k > 1:
+        cache.batch_repeat_interleave(k)
+        logits = logits.repeat_interleave(k, dim=0)
     attn, next_pos = prompt_mask, pos[:, -1:] + 1
     done = torch.zeros(B, dtype=torch.bool, device=dev)
+    if not isinstance(eos_id, int) and len(eos_id) > 1:   # one tensor, not one per decode step
+        eos_id = torch.as_tensor(list(eos_id), device=dev)
     tokens, logps = [], []
     for t in range(max_new_tokens):
         tok = _sample_next(logits, temperature, top_p, generator)
@@ -290,16 +320,20 @@ def autocast(device: torch.device, bf16: bool):
 
 
 def sample_groups(model, tokenizer, task, problems, cfg, *, eos_ids, max_len: int,
-                  generator, version: int, device) -> tuple[Batch, np.ndarray]:
-    """`cfg.group_size` completions of each problem (rows grouped per problem), with behaviour
-    log-probs and `version`, and their rewards; `cfg` gives sampling and template settings."""
+                  generator, version: int, device, record_logp: bool = True) -> tuple[Batch, np.ndarray]:
+    """`cfg.group_size` completions of each problem (rows grouped per problem), with `version`
+    (and behaviour log-probs unless `record_logp=False`), and their rewards; `cfg` gives sampling
+    and template settings."""
     G = cfg.group_size
-    ids, mask = encode_prompts(tokenizer, [p.prompt for p in problems for _ in range(G)],
-                               cfg.chat_template, device)
+    # each prompt tokenised once, its row repeated G times (the same left-padded rows as
+    # tokenising the G copies: the batch's longest prompt, hence the padding, is unchanged)
+    ids, mask = encode_prompts(tokenizer, [p.prompt for p in problems], cfg.chat_template, device)
+    ids, mask = ids.repeat_interleave(G, dim=0), mask.repeat_interleave(G, dim=0)
     with autocast(torch.device(device), cfg.bf16):
         batch = sample(model, ids, mask, max_new_tokens=max_len, eos_id=eos_ids,
                        pad_id=tokenizer.pad_token_id, temperature=cfg.temperature,
-                       top_p=cfg.top_p, generator=generator, record_logp=True, version=version)
+                       top_p=cfg.top_p, generator=generator, record_logp=record_logp,
+                       record_versions=True, version=version, shared_prefix=G)
     rewards = score(task, [p for p in problems for _ in range(G)], tokenizer, batch)
     return batch, rewards
 
@@ -312,7 +346,7 @@ def correct_counts(model, tokenizer, task, problems, *, n: int, max_new_tokens: 
     gen = torch.Generator(device=device).manual_seed(seed)
     counts = np.zeros(len(problems), dtype=np.int64)
     flat = [(j, p) for j, p in enumerate(problems) for _ in range(n)]
-    model.eval()
+    set_training(model, False)
     for start in range(0, len(flat), batch_size):
         chunk = flat[start:start + batch_size]
         ids, mask = encode_prompts(tokenizer, [p.prompt for _, p in chunk], chat_template, device)

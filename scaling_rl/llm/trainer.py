@@ -245,7 +245,7 @@ def sft_loop(model, *, steps: int, lr: float, batch_loss, probe_accuracy, target
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
     loss_value, probe_acc, step = float("nan"), float("nan"), 0
     for step in range(1, steps + 1):
-        model.train()
+        rollout.set_training(model, True)
         warm = min(1.0, step / 20)
         for group in opt.param_groups:
             group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
@@ -256,13 +256,13 @@ def sft_loop(model, *, steps: int, lr: float, batch_loss, probe_accuracy, target
         opt.step()
         loss_value = float(loss.detach())
         if target_accuracy > 0 and (step % check_every == 0 or step == steps):
-            model.eval()
+            rollout.set_training(model, False)
             probe_acc = probe_accuracy()
             if log:
                 log(f"sft step {step:5d}  loss {loss_value:.3f}  probe accuracy {probe_acc:.3f}")
             if probe_acc >= target_accuracy:
                 break
-    model.eval()
+    rollout.set_training(model, False)
     return {"loss": loss_value, "steps": step, "probe_accuracy": probe_acc}
 
 
@@ -558,9 +558,13 @@ class GRPOTrainer:
         return problem
 
     def _rollout(self, problems) -> tuple[rollout.Batch, np.ndarray]:
+        # behaviour log-probs only where an objective reads them: the grpo objective takes the
+        # old log-probs (this policy's, = the behaviour policy's in sync), and recording them is
+        # a full-vocabulary log-softmax per decode step
         return rollout.sample_groups(self.model, self.tokenizer, self.task, problems, self.cfg,
                                      eos_ids=self.eos_ids, max_len=self.max_len,
-                                     generator=self.gen, version=self.step, device=self.device)
+                                     generator=self.gen, version=self.step, device=self.device,
+                                     record_logp=self.cfg.objective != "grpo")
 
     def collect(self) -> dict:
         """Groups for one update: GRESO pre-filter, rollouts, optional dynamic-sampling refill."""
@@ -686,32 +690,40 @@ class GRPOTrainer:
         # a Python number, not a tensor: an array would be committed to the device it was made on
         # (the host) and the jitted objective, whose inputs sit on JAX's GPU, would refuse it
         num_items = float(mask.sum())
-        self.model.train()
+        rollout.set_training(self.model, True)
         logs: dict[str, list] = {}
+        whole = len(splits) == 1   # one minibatch: every row, no gathers (same values)
         for _ in range(c.num_iterations):
             for rows in splits:
-                rows_t = torch.as_tensor(rows, device=self.device)
-                logp, ent = self._logprobs(self.model, batch, rows, with_entropy=not logs)
-                old = logp.detach() if old_logp is None else old_logp[rows_t]
-                ref = torch.zeros_like(logp) if ref_logp is None else ref_logp[rows_t]
-                bh = old if behav is None else behav[rows_t]
+                rows_t = None if whole else torch.as_tensor(rows, device=self.device)
+
+                def pick(t):
+                    return t if rows_t is None else t[rows_t]
+                logp, ent = self._logprobs(self.model, batch, None if whole else rows,
+                                           with_entropy=not logs)
+                old = logp.detach() if old_logp is None else pick(old_logp)
+                ref = torch.zeros_like(logp) if ref_logp is None else pick(ref_logp)
+                mask_rows = pick(mask)
                 # JAX runs the objective where it can read the tensors (DLPack): on the host
                 # unless JAX itself has the GPU; `.to` is differentiable, so gradients flow back
-                args = [t.to(self._objective_device) for t in (logp, old, bh, ref, adv[rows_t],
-                                                               rewards_t[rows_t], mask[rows_t])]
+                to_obj = [t.to(self._objective_device) for t in (logp, old, ref, pick(adv), mask_rows)]
                 if c.objective == "grpo":
-                    loss, m = self.objective(*args[:2], *args[3:5], args[6], num_items)
+                    loss, m = self.objective(*to_obj, num_items)
                 else:
-                    loss, m = self.policy_objective(*args, num_items)
+                    bh = old if behav is None else pick(behav)
+                    lp, old_o, ref_o, adv_o, mask_o = to_obj
+                    loss, m = self.policy_objective(
+                        lp, old_o, bh.to(self._objective_device), ref_o, adv_o,
+                        pick(rewards_t).to(self._objective_device), mask_o, num_items)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
                 self.opt.step()
                 if ent is not None:
-                    logs["entropy"] = [float((ent * mask[rows_t]).sum() / mask[rows_t].sum().clamp(min=1))]
+                    logs["entropy"] = [float((ent * mask_rows).sum() / mask_rows.sum().clamp(min=1))]
                 for k, v in {"loss": loss, "grad_norm": grad_norm, **m}.items():
                     logs.setdefault(k, []).append(float(v.detach()))
-        self.model.eval()
+        rollout.set_training(self.model, False)
         out = {k: float(np.mean(v)) for k, v in logs.items()}
         out.update({
             "groups_used": B // c.group_size,
