@@ -313,8 +313,9 @@ class DPOTrainer:
     def update(self, pairs: list[Pair]) -> dict:
         """One optimizer step of DPO on `pairs`; returns loss, margin, accuracy, grad norm."""
         torch, cfg = self._torch, self.cfg
+        from scaling_rl.llm import rollout
         enc = self._encode(pairs)
-        self.policy.train()
+        rollout.set_training(self.policy, True)   # no per-step re-kernelisation (model.train() has one)
         with torch.no_grad():
             rc, rr = self.token_logps(self.reference, enc)
         pc, pr = self.token_logps(self.policy, enc)
@@ -324,7 +325,7 @@ class DPOTrainer:
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
         self.opt.step()
-        self.policy.eval()
+        rollout.set_training(self.policy, False)
         margins = aux["margins"].detach().cpu().numpy()
         return {"loss": float(loss.detach()), "margin": float(margins.mean()),
                 "reward_accuracy": float((margins > 0).mean()), "grad_norm": float(gn),

@@ -38,7 +38,8 @@ def set_training(model, mode: bool) -> None:
     from transformers import PreTrainedModel
     for module in model.modules():   # a wrapper's inner transformers model included
         module.training = mode
-        if isinstance(module, PreTrainedModel) and module.use_kernels:
+        # `use_kernels` exists from transformers 5.x on (pyproject allows >= 4.45: absent there)
+        if isinstance(module, PreTrainedModel) and getattr(module, "use_kernels", False):
             from kernels import Mode
             if getattr(module, "_kernels_mode", None) != Mode.TRAINING:
                 module.kernels_mode = Mode.TRAINING
