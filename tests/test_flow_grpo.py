@@ -348,3 +348,24 @@ def test_flow_grpo_sweep_trial_kind(tmp_path):
     assert cli.main(["sweep", "run", str(spec), "--workers", "0", "--no-progress"]) == 0
     assert before == {t: (store.trial_dir(t) / "metrics.parquet").stat().st_mtime_ns
                       for t in store.trial_ids()}
+
+
+def test_experiment_probe_pretrained_prints_data_likeness_and_rejects_bad_steps(capsys):
+    """`experiments/flow_grpo.py --probe-pretrained`: held-out data sits on the ring, the untrained
+    (zero-velocity) reference's ODE samples are the Gaussian noise, far off it; a bad list is a
+    one-line error with a non-zero exit."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from experiments import flow_grpo as exp
+
+    assert exp.main(["--probe-pretrained", "2,4", "--pretrain-steps", "0", "--eval-samples", "16",
+                     "--width", "8"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and not line.startswith("| samples")]
+    assert [r[0].strip() for r in rows] == ["held-out data", "ODE, T_eval = 2", "ODE, T_eval = 4"]
+    w1 = [float(r[3]) for r in rows]
+    assert w1[0] < 0.15 and min(w1[1:]) > 0.5          # data ring vs N(0, I): radius ~1.25 vs 2
+    assert exp.main(["--probe-pretrained", "2,x", "--pretrain-steps", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--probe-pretrained" in err and "\n" not in err
