@@ -175,6 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--pretrain-steps", type=int, default=1500)
     p.add_argument("--pretrain-batch", type=int, default=256)
     p.add_argument("--pretrain-lr", type=float, default=3e-3)
+    p.add_argument("--pretrain-warmup", type=int, default=0, help="linear lr warm-up steps of pretraining")
+    p.add_argument("--pretrain-seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--beta", type=float, default=0.01)
     p.add_argument("--noise-schedule", default="flow_grpo", help="sqrt | flow_grpo (the paper's)")
@@ -195,7 +197,9 @@ def main(argv=None) -> int:
 
     base = grpo.Config(dataset=args.dataset, reward=args.reward, conditional=args.conditional,
                        width=args.width, depth=args.depth, pretrain_steps=args.pretrain_steps,
-                       pretrain_batch=args.pretrain_batch, pretrain_lr=args.pretrain_lr, lr=args.lr, beta=args.beta,
+                       pretrain_batch=args.pretrain_batch, pretrain_lr=args.pretrain_lr,
+                       pretrain_warmup=args.pretrain_warmup, pretrain_seed=args.pretrain_seed,
+                       lr=args.lr, beta=args.beta,
                        groups=args.groups, group_size=args.group_size, t_eval=args.t_eval,
                        updates=args.updates, chunk_updates=args.chunk_updates,
                        eval_samples=args.eval_samples, noise_schedule=args.noise_schedule,

@@ -226,3 +226,18 @@ def test_velocity_net_counts_and_zero_head():
     assert model.velocity_flops(bb, 2, 8) == nets.backbone_flops(bb, 2 + 16 + 8) + 2 * 32 * 2 + 2
     out = jax.jit(net.apply)(params, jnp.ones((5, 2)), jnp.full((5,), 0.3), jnp.arange(5))
     assert out.shape == (5, 2) and float(jnp.abs(out).max()) == 0.0      # zero-initialised head
+
+
+def test_pretraining_warmup_schedule_and_its_validation():
+    from scaling_rl.flow import grpo
+    net = model.VelocityNet(nets.BackboneConfig(kind="bro", width=8, depth=1), 2)
+    plain = model.Pretrainer(net, data.toy2d_sample, 100, 4, 1e-3).schedule()
+    warm = model.Pretrainer(net, data.toy2d_sample, 100, 4, 1e-3, warmup=10).schedule()
+    # no warm-up: the cosine decay the toy results were made with (1e-3 -> 5e-5)
+    assert float(plain(0)) == pytest.approx(1e-3) and float(plain(100)) == pytest.approx(5e-5)
+    # warm-up: 0 at step 0, linear to lr at step 10, then cosine down to 5% of lr at the last step
+    assert float(warm(0)) == 0.0 and float(warm(5)) == pytest.approx(5e-4) and float(warm(10)) == pytest.approx(1e-3)
+    assert float(warm(100)) == pytest.approx(5e-5) and 5e-5 < float(warm(55)) < 1e-3
+    assert grpo.Config(pretrain_warmup=10).pretrain_warmup == 10
+    with pytest.raises(ValueError, match="pretrain_warmup: must be an integer >= 0"):
+        grpo.Config(pretrain_warmup=-1)

@@ -69,6 +69,7 @@ class Config:
     pretrain_steps: int = 1500
     pretrain_batch: int = 256
     pretrain_lr: float = 3e-3
+    pretrain_warmup: int = 0         # linear warm-up steps of the pretraining lr (0: cosine decay only)
     pretrain_seed: int = 0
     lr: float = 1e-3
     max_grad_norm: float = 1.0
@@ -105,7 +106,7 @@ class Config:
         if self.scale_rewards not in SCALE_REWARDS:
             raise ValueError(f"scale_rewards: {self.scale_rewards!r} is unknown; use one of {SCALE_REWARDS}")
         nets.BackboneConfig(kind=self.kind, width=self.width, depth=self.depth)
-        for name, lo in (("pretrain_steps", 0), ("pretrain_batch", 1), ("group_size", 2), ("groups", 1),
+        for name, lo in (("pretrain_steps", 0), ("pretrain_warmup", 0), ("pretrain_batch", 1), ("group_size", 2), ("groups", 1),
                          ("num_iterations", 1), ("t_train", 1), ("t_eval", 1), ("fast_window", 1),
                          ("updates", 1), ("chunk_updates", 1), ("eval_samples", 2)):
             value = getattr(self, name)
@@ -302,7 +303,7 @@ def make(cfg: Config):
     reward_fn = rewards_lib.get(cfg.reward)
     opt = common.make_optimizer(cfg.lr, 0.0, cfg.max_grad_norm)
     pretrainer = Pretrainer(net, ds.sample, cfg.pretrain_steps, cfg.pretrain_batch, cfg.pretrain_lr,
-                            cfg.label_dropout if cfg.guided else 0.0, num_classes)
+                            cfg.label_dropout if cfg.guided else 0.0, num_classes, cfg.pretrain_warmup)
     T, W, G, n, B, d = cfg.t_train, cfg.window, cfg.group_size, cfg.groups, cfg.batch_size, ds.dim
     flops_per_eval = cfg.eval_flops(d, num_classes)
 

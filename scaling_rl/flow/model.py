@@ -79,9 +79,18 @@ class Pretrainer:
     lr: float
     label_dropout: float = 0.0   # classifier-free guidance: replace labels by `null_label` w.p. this
     null_label: int = -1
+    warmup: int = 0              # linear warm-up steps from 0 to `lr` before the cosine decay
+
+    def schedule(self):
+        """Learning rate per step: cosine decay from `lr` to 5% of it over `steps` (after a linear
+        warm-up from 0 over `warmup` steps when > 0)."""
+        if self.warmup:
+            return optax.warmup_cosine_decay_schedule(0.0, self.lr, self.warmup, max(self.steps, self.warmup + 1),
+                                                      end_value=0.05 * self.lr)
+        return optax.cosine_decay_schedule(self.lr, max(self.steps, 1), alpha=0.05)
 
     def run(self, params, key):
-        opt = optax.adam(optax.cosine_decay_schedule(self.lr, max(self.steps, 1), alpha=0.05))
+        opt = optax.adam(self.schedule())
 
         def step(carry, k):
             params, opt_state = carry
