@@ -148,7 +148,8 @@ def probe_pretrained(base, t_evals: list[int]) -> str:
     extra = "lit-pixel fraction | squares / image | data-like fraction" if base.dataset == "shapes" \
         else "radius W1"
     lines = [f"Pretrained reference: width {base.width}, depth {base.depth}, {base.pretrain_steps} steps × "
-             f"{base.pretrain_batch}, lr {base.pretrain_lr} (cosine); {n} samples; init {wall:.0f} s "
+             f"{base.pretrain_batch}, lr {base.pretrain_lr} ({base.pretrain_warmup} warm-up steps, cosine), "
+             f"pretraining seed {base.pretrain_seed}; {n} samples; init {wall:.0f} s "
              f"(compile + pretraining).\n", f"| samples | {base.reward} | MMD² | {extra} |",
              "|" + "---|" * (4 if base.dataset != "shapes" else 6)]
     x_data, label = agent.dataset.sample(jax.random.PRNGKey(2), n)
