@@ -184,15 +184,9 @@ def learner_update(loss_fn: Callable, opts, mesh, mode: str = "acco", axis: str 
     if mode not in MODES:
         raise ValueError(f"acco: unknown mode {mode!r}; use one of {', '.join(MODES)}")
     value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
-    whole = isinstance(opts, zero.ShardedOptimizer)
 
     def opt_step(grads, count, states, params):
-        if whole:
-            return opts.step(grads, count, states, params)
-        new, new_states = dict(params), {}
-        for key, opt in opts.items():
-            new[key], new_states[key] = opt.step(grads[key], count, states[key], params[key])
-        return new, new_states
+        return zero.step_groups(opts, grads, count, states, params)
 
     def per_shard(params, opt_states, pending, batch, extra):
         grad = lambda p, b: value_and_grad(  # noqa: E731
@@ -223,8 +217,7 @@ def learner_update(loss_fn: Callable, opts, mesh, mode: str = "acco", axis: str 
         return new, opt_states, Pending(jax.tree.map(lambda x: x[None], g_next), c_next), loss, aux
 
     def f(params, opt_states, pending, batch, extra):
-        state_spec = zero.state_specs(opt_states, axis) if whole else \
-            {k: zero.state_specs(opt_states[k], axis) for k in opts}
+        state_spec = zero.group_state_specs(opts, opt_states, axis)
         pend_spec = Pending(jax.tree.map(lambda _: P(axis), pending.grads), P(axis))
         return jax.shard_map(per_shard, mesh=mesh, in_specs=(P(), state_spec, pend_spec, P(axis), P()),
                              out_specs=(P(), state_spec, pend_spec, P(), P()))(

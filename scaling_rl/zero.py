@@ -130,6 +130,24 @@ def replicated_state_bytes(tx: optax.GradientTransformation, params: Any) -> int
     return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(jax.eval_shape(tx.init, params))))
 
 
+def step_groups(opts, grads, count, opt_states, params):
+    """`opts.step` for one `ShardedOptimizer` over all of `params`, or one step per key of a dict of
+    them (parameters of keys without an optimiser are kept) -> (new params, new states)."""
+    if isinstance(opts, ShardedOptimizer):
+        return opts.step(grads, count, opt_states, params)
+    new, new_states = dict(params), {}
+    for key, opt in opts.items():
+        new[key], new_states[key] = opt.step(grads[key], count, opt_states[key], params[key])
+    return new, new_states
+
+
+def group_state_specs(opts, opt_states, axis: str = DATA_AXIS):
+    """`state_specs` of one optimiser's state, or per key of a dict of optimisers."""
+    if isinstance(opts, ShardedOptimizer):
+        return state_specs(opt_states, axis)
+    return {k: state_specs(opt_states[k], axis) for k in opts}
+
+
 def zero_update(loss_fn, opts: dict, mesh, axis: str = DATA_AXIS):
     """A shard_map'd step with ZeRO-1 optimisers, one per top-level parameter group.
 
@@ -140,24 +158,16 @@ def zero_update(loss_fn, opts: dict, mesh, axis: str = DATA_AXIS):
     `axis`, `params`/`extra` replicated; loss and aux are `pmean`ed (those of the global batch).
     """
     value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
-    whole = isinstance(opts, ShardedOptimizer)
 
     def per_shard(params, opt_states, batch, extra):
         varying = jax.tree.map(lambda p: jax.lax.pcast(p, axis, to="varying"), params)
         (loss, aux), grads = value_and_grad(varying, batch, extra)
         loss, aux = jax.lax.pmean((loss, aux), axis)
-        if whole:
-            new, new_states = opts.step(grads, 1, opt_states, params)
-            return new, new_states, loss, aux
-        new, new_states = dict(params), {}
-        for key, opt in opts.items():
-            new[key], new_states[key] = opt.step(grads[key], 1, opt_states[key], params[key])
+        new, new_states = step_groups(opts, grads, 1, opt_states, params)
         return new, new_states, loss, aux
 
     def f(params, opt_states, batch, extra):
-        state_spec = state_specs(opt_states, axis) if whole else \
-            {k: state_specs(opt_states[k], axis) for k in opts}
-        specs = (P(), state_spec, P(axis), P())
+        specs = (P(), group_state_specs(opts, opt_states, axis), P(axis), P())
         return jax.shard_map(per_shard, mesh=mesh, in_specs=specs,
                              out_specs=(P(), specs[1], P(), P()))(params, opt_states, batch, extra)
 
