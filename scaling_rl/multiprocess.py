@@ -138,6 +138,14 @@ def _describe(code: int) -> str:
     return f"exited with code {code}"
 
 
+def first_failure(codes: list[int | None]) -> int | None:
+    """The process to blame among exit codes seen in one poll (None: running), or None when none
+    failed. A process killed by a signal is the cause; an error exit seen in the same poll is
+    usually its consequence (the survivor's collective to the dead peer failed)."""
+    bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+    return min(bad, key=lambda i: (codes[i] >= 0, i)) if bad else None
+
+
 def launch(args: list[str], n: int, *, grace_s: float | None = None, poll_s: float = 0.1) -> int:
     """Run `python -m scaling_rl.cli *args` as `n` processes of one JAX program (coordinator on
     localhost); return 0 when all succeed, else the first failure's exit code (a signal: 128 + sig),
@@ -155,9 +163,9 @@ def launch(args: list[str], n: int, *, grace_s: float | None = None, poll_s: flo
         while True:
             codes = [p.poll() for p in procs]
             if first is None:
-                bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
-                if bad:
-                    first, failed_at = bad[0], time.monotonic()
+                first = first_failure(codes)
+                if first is not None:
+                    failed_at = time.monotonic()
             if all(c is not None for c in codes):
                 break
             if failed_at is not None and time.monotonic() - failed_at > grace_s:

@@ -25,6 +25,7 @@ import yaml
 from test_sweep_backends import slurm  # noqa: F401  (fixture: skip, or fail in CI, without a cluster)
 
 from scaling_rl import train
+from scaling_rl.multiprocess import first_failure
 from scaling_rl.sweep import Store
 
 CONFIG = dict(env="gymnax/Pendulum-v1", num_envs=2, env_steps=96, chunk_env_steps=32, batch_size=8,
@@ -130,6 +131,16 @@ def test_checkpoints_move_between_process_counts(scenario):
     np.testing.assert_allclose(one[float_cols].to_numpy(), two[float_cols].to_numpy(), rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(back[float_cols].to_numpy(), two[float_cols].to_numpy(), rtol=1e-3, atol=1e-3)
     assert not np.allclose(two["loss/critic"].to_numpy(), 0.0)   # it trained
+
+
+def test_the_launcher_blames_the_killed_process_not_the_survivor_it_took_down():
+    """Both seen dead in one poll (the survivor's collective fails within ~0.3 s of the kill):
+    the signal-killed process is the cause whatever its index; else the lowest failing index."""
+    assert first_failure([None, None]) is None and first_failure([0, None, 0]) is None
+    assert first_failure([1, -9]) == 1          # process 0's error exit follows process 1's SIGKILL
+    assert first_failure([-15, -9]) == 0
+    assert first_failure([0, 2, 1]) == 1
+    assert first_failure([None, 3]) == 1
 
 
 @pytest.mark.slurm
