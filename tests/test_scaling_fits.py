@@ -155,3 +155,20 @@ def test_replicates_are_fitted_exactly_like_the_point_estimate(loss):
         assert bfb.objective[k] == pytest.approx(alone.objective, rel=1e-9, abs=1e-12)
     with pytest.raises(ValueError, match="could not be fitted"):
         fitting.fit(prob, ly[:16] * 1.0, np.r_[np.ones(5), np.zeros(11)])
+
+
+@pytest.mark.parametrize("K", [40, 100])
+def test_percentile_interval_of_K_replicates_holds_its_level_of_the_bootstrap_distribution(K):
+    """The interval's ends are quantiles of K replicates at plotting positions i/(K+1) (unbiased for the
+    bootstrap distribution's quantiles): on average it holds 90% of that distribution. Linear
+    interpolation (positions (i−1)/(K−1)) held 0.856 at K = 40 and 0.882 at K = 100."""
+    from scipy import stats
+    r = np.random.default_rng(K)
+    held = []
+    for _ in range(3000):
+        reps = r.standard_normal(K)
+        reps -= np.median(reps)              # centred on the estimate: the percentile interval
+        iv = fitting.interval(0.0, reps, level=0.9, log=False)
+        assert iv["method"] == "percentile"
+        held.append(stats.norm.cdf(iv["hi"]) - stats.norm.cdf(iv["lo"]))
+    assert abs(np.mean(held) - 0.9) < 0.01, np.mean(held)

@@ -54,8 +54,9 @@ def register(subparsers) -> None:
                         "extrapolated value is marked (default 1: inside the sweep)")
     p.add_argument("--weights", choices=("auto", "none", "bootstrap"), default="auto",
                    help="weighted least squares by a variance function of log D_J (auto: with >= 4 seeds)")
-    p.add_argument("--interp-error", choices=("uniform", "none"), default="uniform",
-                   help="add D_J's interpolation uncertainty between log points to the bootstrap (default)")
+    p.add_argument("--interp-error", choices=("adaptive", "uniform", "none"), default="adaptive",
+                   help="D_J's interpolation uncertainty between log points in the bootstrap: adaptive (default: "
+                        "from the gap to a PCHIP cubic's crossing), uniform (a quarter of the bracket), none")
     p.add_argument("--select", choices=("aicc", "full"), default="aicc",
                    help="D_J(σ, N): choose among the nested laws by AICc (default) or always report the full law")
     p.add_argument("--seed", type=int, default=0)

@@ -573,7 +573,9 @@ def interval(estimate: float, reps: np.ndarray, jack: np.ndarray | None = None, 
                              f"the interval's tails hold)")
             return rec
         rec["widened_for_unknown"] = True
-    lo, hi = t0 + np.quantile(dev, qs)
+    # plotting positions i/(m+1): unbiased for the bootstrap distribution's quantiles, so the interval holds
+    # `level` of it on average; linear interpolation's (i−1)/(m−1) held 0.856 of it at m = 40, 0.882 at 100
+    lo, hi = t0 + np.quantile(dev, qs, method="weibull")
     if not (lo <= t0 <= hi):
         rec["reason"] = (f"bootstrap not centred on the estimate (P(replicate < estimate) = {p0:.2f}); "
                          f"the {method} interval would exclude it")

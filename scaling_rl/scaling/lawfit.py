@@ -36,7 +36,7 @@ class Settings:
     seed: int = 0
     extrapolate: float = 1.0                    # search optima up to ×K beyond the swept σ and N (marked)
     weights: str = "auto"                       # "auto" (WLS when >= 4 seeds) | "none" | "bootstrap"
-    interp_error: str = "uniform"               # D_J interpolation uncertainty in the bootstrap: "uniform" | "none"
+    interp_error: str = "adaptive"              # D_J interpolation uncertainty in the bootstrap: "adaptive" | "uniform" | "none"
     select: str = "aicc"                        # D_J(σ, N): "aicc" (nested laws, AICc) | "full"
     config_select: str = "crossfit"             # best B/η per cell: "crossfit" (unbiased D_J) | "argmin"
 
@@ -59,8 +59,8 @@ class Settings:
             raise ValueError(f"extrapolate: {self.extrapolate} must be a factor >= 1 (1 = stay inside the sweep)")
         if self.weights not in ("auto", "none", "bootstrap"):
             raise ValueError(f"weights: {self.weights!r} is unknown; use auto, none or bootstrap")
-        if self.interp_error not in ("uniform", "none"):
-            raise ValueError(f"interp_error: {self.interp_error!r} is unknown; use 'uniform' or 'none'")
+        if self.interp_error not in ("adaptive", "uniform", "none"):
+            raise ValueError(f"interp_error: {self.interp_error!r} is unknown; use 'adaptive', 'uniform' or 'none'")
         if self.config_select not in ("crossfit", "argmin"):
             raise ValueError(f"config_select: {self.config_select!r} is unknown; use 'crossfit' or 'argmin'")
         if self.select not in ("aicc", "full"):
