@@ -544,8 +544,8 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
         if few < 10 and n_clear < n_pts:
             notes.append(f"cross-fitted D_J with {few} seeds per configuration: where the optimum over B/η is peaked "
                          "but not clear, the choice made on half of the seeds errs and those D_J sit a little high "
-                         "(calibration, peaked batch-size optimum, 30 studies: D_J point intervals covered 0.84 at "
-                         "5 seeds, 0.90 at 10, for 90% nominal; one configuration 0.85 and 0.88; 0.93–0.96 where "
+                         "(calibration, peaked batch-size optimum, 30 studies: D_J point intervals covered 0.86 at "
+                         "5 seeds, 0.92 at 10, for 90% nominal; one configuration 0.87 and 0.88; 0.95–0.97 where "
                          "the configurations tie)")
     if n_fallback:
         notes.append(f"{n_fallback} (task, σ, N) cell(s) with several configurations but fewer than "
