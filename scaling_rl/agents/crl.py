@@ -278,6 +278,8 @@ def infonce_loss(logits: jax.Array, kind: str, logsumexp_penalty: float, *, logi
     `logits_t` (needed for backward / symmetric) its b goals against the B state-actions, i.e. its
     columns as rows (every energy here is symmetric). Loss and stats are then this device's means, which
     the caller's pmean makes those of the global batch (`logits/std` is made global here)."""
+    if kind not in CONTRASTIVE_LOSSES:
+        raise ValueError(f"contrastive_loss: unknown {kind!r}; use one of {', '.join(CONTRASTIVE_LOSSES)}")
     b, n = logits.shape
     diag = logits[jnp.arange(b), offset + jnp.arange(b)]
     lse_rows = jax.nn.logsumexp(logits, axis=1)
