@@ -91,6 +91,38 @@ def test_infonce_variants_penalty_and_accuracy():
     assert float(stats["logits/neg"]) == pytest.approx((np.sum(logits) - diag.sum()) / 6)
 
 
+def test_global_negatives_row_blocks_are_the_whole_batch_loss_and_gradient():
+    """`contrastive_loss` per row block, with a vmapped axis standing for the data mesh (all_gather,
+    axis_index and pmean behave as over devices): its mean over 4 blocks of 2 rows is the whole-batch
+    InfoNCE, so are its stats, and the gradient through the all-gather is the whole-batch gradient.
+    Per-block negatives (no axis) are another loss. Symmetric InfoNCE: both the row blocks (forward) and
+    the column blocks (backward). (The shard_map form over devices and processes: tests/test_multiprocess.py.)"""
+    cfg = crl.Config(contrastive_loss="symmetric")
+    k = jax.random.split(jax.random.PRNGKey(0), 4)
+    x, y = jax.random.normal(k[0], (8, 3)), jax.random.normal(k[1], (8, 2))
+    params = {"a": jax.random.normal(k[2], (3, 4)), "b": jax.random.normal(k[3], (2, 4))}
+
+    def whole(p):
+        return crl.contrastive_loss(x @ p["a"], y @ p["b"], cfg)
+
+    def blocks(p, axis):
+        f = lambda xb, yb: crl.contrastive_loss(xb @ p["a"], yb @ p["b"], cfg, axis)  # noqa: E731
+        loss, stats = jax.vmap(f, axis_name="data")(x.reshape(4, 2, 3), y.reshape(4, 2, 2))
+        return jnp.mean(loss), jax.tree.map(jnp.mean, stats)
+
+    # one jitted program for all three (eager, each op would compile on its own: ~50 s)
+    (loss, stats), grad, (b_loss, b_stats), b_grad, (local_loss, _) = jax.jit(lambda p: (
+        *jax.value_and_grad(whole, has_aux=True)(p), *jax.value_and_grad(blocks, has_aux=True)(p, "data"),
+        blocks(p, None)))(params)
+    np.testing.assert_allclose(b_loss, loss, rtol=1e-5)
+    for name in stats:
+        np.testing.assert_allclose(b_stats[name], stats[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for g, ref in zip(jax.tree.leaves(b_grad), jax.tree.leaves(grad)):
+        np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-6)
+    assert float(jnp.max(jnp.abs(grad["a"]))) > 0.05
+    assert abs(float(local_loss) - float(loss)) > 0.1     # 1 negative per row instead of 7
+
+
 def test_tanh_gaussian_log_prob_matches_density():
     mean, log_std = jnp.array([[0.3, -0.2]]), jnp.array([[-0.5, 0.1]])
     noise = jnp.array([[0.7, -1.1]])

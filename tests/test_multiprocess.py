@@ -1,6 +1,7 @@
 """One learner over several JAX processes (gloo CPU collectives, coordinator on localhost) computes what
 one process with the same number of devices computes: the data-parallel mesh spans processes unchanged
-(issue 24, part 1), and what one process with one device computes, to float summation order."""
+(issue 24, part 1), and what one process with one device computes, to float summation order (SAC; CRL
+with `global_negatives=True` — with per-device negatives, CRL's default, its InfoNCE is another loss)."""
 import json
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def runs():
     return two_procs, one_proc, one_device
 
 
-@pytest.mark.parametrize("agent", ["sac"])
+@pytest.mark.parametrize("agent", ["sac", "crl", "crl_global"])
 def test_two_processes_equal_one_process_with_two_devices(runs, agent):
     two_procs, one_proc, _ = runs
     for r in two_procs:
@@ -50,16 +51,46 @@ def test_two_processes_equal_one_process_with_two_devices(runs, agent):
     assert any(abs(v) > 0 for v in two_procs[0][agent]["metrics"].values())
 
 
-@pytest.mark.parametrize("agent", ["sac"])
+@pytest.mark.parametrize("agent", ["sac", "crl_global"])
 def test_two_processes_equal_one_device(runs, agent):
     """The data-parallel update over 2 processes is the 1-device update of the whole batch, up to
-    float summation order (the pmean of two half-batch gradients vs one full-batch mean)."""
+    float summation order (the pmean of two half-batch gradients vs one full-batch mean; for CRL, with
+    the representations all-gathered so that every row's negatives are the global batch)."""
     two_procs, _, one_device = runs
     assert (one_device[agent]["devices"], one_device[agent]["processes"]) == (1, 1)
     for key in ("sum", "abs"):
         np.testing.assert_allclose(two_procs[0][agent][key], one_device[agent][key], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(list(two_procs[0][agent]["metrics"].values()),
                                list(one_device[agent]["metrics"].values()), rtol=1e-3, atol=1e-4)
+
+
+def test_crl_per_device_negatives_are_another_loss_than_one_device(runs):
+    """CRL's default InfoNCE contrasts each row with its device's B/n goals only, so 2 devices (or
+    processes) train on another loss than 1 device: the critic loss differs by far more than the float
+    order that separates the global-negatives run from 1 device."""
+    two_procs, one_proc, one_device = runs
+    crit = lambda r, a: r[a]["metrics"]["loss/critic"]  # noqa: E731
+    local_gap = abs(crit(two_procs[0], "crl") - crit(one_device, "crl"))
+    global_gap = abs(crit(two_procs[0], "crl_global") - crit(one_device, "crl_global"))
+    assert local_gap > 0.05 and local_gap > 1e3 * global_gap, (local_gap, global_gap)
+    # on 1 device the two CRL variants are the same program up to the gather of 1 shard
+    np.testing.assert_allclose(one_device["crl"]["sum"], one_device["crl_global"]["sum"], rtol=1e-6, atol=1e-6)
+
+
+def test_crl_global_negatives_gradient_is_the_whole_batch_gradient(runs):
+    """The contrastive loss alone (symmetric InfoNCE, linear encoders): with global negatives the
+    data-parallel gradient (all-gather forward, its reduce-scatter backward, pmean) is the whole-batch
+    gradient on 2 processes, 2 devices and 1 device (Adam, which the agent uses, would hide a constant
+    factor); with per-device negatives it differs on 2 devices."""
+    two_procs, one_proc, one_device = runs
+    for r in two_procs + [one_proc, one_device]:
+        g = r["contrastive_grad"]
+        assert g["scale"] > 0.05 and g["global"]["vs_single"] <= 1e-5 * g["scale"] + 1e-7, g
+    for r in two_procs + [one_proc]:
+        assert r["contrastive_grad"]["local"]["vs_single"] > 1e-2 * r["contrastive_grad"]["scale"]
+    assert one_device["contrastive_grad"]["local"]["vs_single"] <= 1e-7
+    np.testing.assert_allclose(np.concatenate(two_procs[0]["contrastive_grad"]["global"]["grad"]),
+                               np.concatenate(one_device["contrastive_grad"]["global"]["grad"]), rtol=1e-5, atol=1e-7)
 
 
 def test_zero1_over_two_processes_equals_the_replicated_update(runs):

@@ -27,7 +27,11 @@ episode with the deterministic policy: `eval_time_at_goal`, `eval_success_any`, 
 Data parallel (`data_parallel=True` or `make(cfg, mesh=...)`): the gradient is shard_map'd over the
 mesh axis `data` (`parallel.data_parallel_value_and_grad`). InfoNCE then uses each shard's B/n rows
 as negatives (as per-device batches do in the paper's multi-GPU runs); the actor/entropy terms are
-exact means over the global batch.
+exact means over the global batch. With `global_negatives=True` the representations are all-gathered
+over `data` and every row is contrasted with the B goals of the global batch (each device computes its
+B/n rows of the B x B logits, and its B/n goals' columns for the backward term): the data-parallel
+update is then the 1-device update up to float summation order, so the contrastive batch size is a
+knob that devices scale (tests/test_multiprocess.py). Without a mesh the flag changes nothing.
 """
 from __future__ import annotations
 
@@ -105,6 +109,7 @@ class Config:
     data_parallel: bool = False
     zero_optimizer: bool = False      # ZeRO-1: Adam moments sharded over the data mesh (scaling_rl/zero.py)
     acco: str = "off"                 # on ZeRO-1: off | ddp | dpu | acco (scaling_rl/acco.py learner_update)
+    global_negatives: bool = False    # data parallel: InfoNCE negatives from the global batch (all-gather)
 
     def __post_init__(self):
         for key in ("num_envs", "env_steps", "chunk_env_steps", "batch_size", "width", "depth",
@@ -263,22 +268,57 @@ def energy_pairs(phi: jax.Array, psi: jax.Array, kind: str, temperature: float =
     raise ValueError(f"energy: unknown {kind!r}; use one of {', '.join(ENERGIES)}")
 
 
-def infonce_loss(logits: jax.Array, kind: str, logsumexp_penalty: float) -> tuple[jax.Array, dict]:
+def infonce_loss(logits: jax.Array, kind: str, logsumexp_penalty: float, *, logits_t: jax.Array | None = None,
+                 offset: jax.Array | int = 0, axis: str | None = None) -> tuple[jax.Array, dict]:
     """InfoNCE with positives on the diagonal: forward = softmax over goals (rows), backward = over
-    state-actions (columns), symmetric = their mean; plus penalty·mean(logsumexp_rows²)."""
-    diag = jnp.diagonal(logits)
+    state-actions (columns), symmetric = their mean; plus penalty·mean(logsumexp_rows²).
+
+    Row block (`global_negatives`, inside shard_map over `axis`): `logits` holds this device's b
+    state-actions against the B goals of the global batch, the positive of row i at column offset + i;
+    `logits_t` (needed for backward / symmetric) its b goals against the B state-actions, i.e. its
+    columns as rows (every energy here is symmetric). Loss and stats are then this device's means, which
+    the caller's pmean makes those of the global batch (`logits/std` is made global here)."""
+    if kind not in CONTRASTIVE_LOSSES:
+        raise ValueError(f"contrastive_loss: unknown {kind!r}; use one of {', '.join(CONTRASTIVE_LOSSES)}")
+    b, n = logits.shape
+    diag = logits[jnp.arange(b), offset + jnp.arange(b)]
     lse_rows = jax.nn.logsumexp(logits, axis=1)
-    lse_cols = jax.nn.logsumexp(logits, axis=0)
     forward = jnp.mean(lse_rows - diag)
-    backward = jnp.mean(lse_cols - diag)
-    loss = {"forward": forward, "backward": backward, "symmetric": 0.5 * (forward + backward)}[kind]
+    if kind == "forward":
+        loss = forward
+    else:
+        lse_cols = jax.nn.logsumexp(logits, axis=0) if logits_t is None else jax.nn.logsumexp(logits_t, axis=1)
+        backward = jnp.mean(lse_cols - diag)
+        loss = backward if kind == "backward" else 0.5 * (forward + backward)
     loss = loss + logsumexp_penalty * jnp.mean(lse_rows ** 2)
-    b = logits.shape[0]
-    off = (jnp.sum(logits) - jnp.sum(diag)) / (b * (b - 1))
-    stats = {"accuracy": jnp.mean(jnp.argmax(logits, axis=1) == jnp.arange(b)),
-             "logits/pos": jnp.mean(diag), "logits/neg": off, "logits/std": jnp.std(logits),
+    if axis is None:
+        std = jnp.std(logits)
+    else:  # over the whole B x B matrix: from the global first and second moments
+        m1, m2 = jax.lax.pmean((jnp.mean(logits), jnp.mean(logits ** 2)), axis)
+        std = jnp.sqrt(jnp.maximum(m2 - m1 ** 2, 0.0))
+    off = (jnp.sum(logits) - jnp.sum(diag)) / (b * (n - 1))
+    stats = {"accuracy": jnp.mean(jnp.argmax(logits, axis=1) == offset + jnp.arange(b)),
+             "logits/pos": jnp.mean(diag), "logits/neg": off, "logits/std": std,
              "logsumexp": jnp.mean(lse_rows)}
     return loss, stats
+
+
+def contrastive_loss(phi: jax.Array, psi: jax.Array, cfg: Config, axis: str | None = None
+                     ) -> tuple[jax.Array, dict]:
+    """The critic's InfoNCE of φ(s, a) against ψ(g) (row i's positive is goal i) under `cfg`'s energy
+    and loss. With `axis` (`global_negatives`: called per device inside shard_map over that axis) φ and
+    ψ are all-gathered, so this device's rows meet the B goals of the global batch; the gradient flows
+    back through the all-gather (its transpose, a reduce-scatter, returns every device's share of the
+    cotangent), and the pmean of the per-device gradients is the gradient of the global-batch loss."""
+    def gather(x):
+        return jax.lax.all_gather(x, axis, tiled=True) if axis else x
+
+    logits = energy_matrix(phi, gather(psi), cfg.energy, cfg.cosine_temperature)
+    logits_t = (energy_matrix(psi, gather(phi), cfg.energy, cfg.cosine_temperature)
+                if axis and cfg.contrastive_loss != "forward" else None)
+    offset = jax.lax.axis_index(axis) * phi.shape[0] if axis else 0
+    return infonce_loss(logits, cfg.contrastive_loss, cfg.logsumexp_penalty, logits_t=logits_t,
+                        offset=offset, axis=axis)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -365,12 +405,13 @@ def make(cfg: Config, mesh=None, *, encoder_cls=None, actor_cls=None) -> common.
         mean, log_std = actor_net.apply({"params": actor_params}, obs)
         return tanh_gaussian(mean, log_std, noise)
 
+    gather_axis = parallel.DATA_AXIS if cfg.global_negatives and mesh is not None else None
+
     def loss_fn(params, batch, _extra):
         s, a, g = batch["state"], batch["action"], batch["goal"]
         phi = sa_net.apply({"params": params["sa"]}, jnp.concatenate([s, a], -1))
         psi = g_net.apply({"params": params["g"]}, g)
-        logits = energy_matrix(phi, psi, cfg.energy, cfg.cosine_temperature)
-        critic_loss, stats = infonce_loss(logits, cfg.contrastive_loss, cfg.logsumexp_penalty)
+        critic_loss, stats = contrastive_loss(phi, psi, cfg, gather_axis)
         # actor: the critic is held fixed (its gradient comes from InfoNCE only)
         # (ψ(g) is the critic's own forward pass, reused without its gradient)
         pi_a, logp = policy(params["actor"], jnp.concatenate([s, g], -1), batch["noise"])
