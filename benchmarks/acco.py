@@ -3,6 +3,7 @@ per update and held-out loss at equal wall time, with an injected communication 
 workers and one slowed worker.
 
     python benchmarks/acco.py [--budget 10] [--comm-ms 15] [--micro 4] [--mb 32] [--slow 2] [--lr 1e-2] [--seed 0]
+                              [--plot benchmarks/results/acco.png]   # + held-out loss vs wall time, both settings
 
 Setting: the tiny decoder LM of scaling_rl/tiny_lm.py (2 blocks, width 32, vocabulary 16, sequences of
 16 tokens, 8 sequences per micro-batch), Adam, trained by 2 JAX processes of 1 CPU device each
@@ -248,6 +249,38 @@ def table(res: dict, res1: dict, budget: float) -> list[str]:
     return rows
 
 
+def plot(res: dict, budget: float, path: str, title: str) -> None:
+    """Held-out loss vs wall time (the GRID checkpoints of process 0) per method, one panel per setting;
+    the curves' JSON beside the figure (atomic writes)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from scaling_rl.io import atomic_write_text
+    keys = sorted(k for k in res if k not in ("t_mb", "t_comm"))
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 3.8), sharey=True, squeeze=False)
+    t = budget * np.arange(1, GRID + 1) / GRID
+    for ax, key in zip(axes[0], keys):
+        for m in METHODS:
+            ax.plot(t, res[key][m]["curve"], marker="o", ms=3, label=NAMES[m])
+        ax.set_title("homogeneous workers" if float(key) == 1.0 else f"process 1 slowed {float(key):g}x")
+        ax.set_xlabel("wall time (s, measured)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("held-out loss")
+    axes[0][0].legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    out = os.path.abspath(path)
+    tmp = out + ".tmp.png"
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, out)
+    curves = {key: {m: res[key][m]["curve"] for m in METHODS} for key in keys}
+    atomic_write_text(os.path.splitext(out)[0] + ".json",
+                      json.dumps({"budget_s": budget, "grid": GRID, "curves": curves}, indent=1))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=10.0, help="training seconds per method and setting")
@@ -257,6 +290,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mb", type=int, default=32, help="sequences per micro-batch")
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", default=None, help="also write held-out loss vs wall time here (PNG) and its JSON")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     for key, low in (("budget", 0.0), ("comm_ms", -1e-12), ("lr", 0.0)):
@@ -295,6 +329,10 @@ def main(argv=None) -> int:
         label = "homogeneous workers" if float(key) == 1.0 else f"process 1 slowed {float(key):g}x"
         print(f"\n{label}:")
         print("\n".join(table(r0[key], r1[key], args.budget)))
+    if args.plot:
+        plot(r0, args.budget, args.plot, f"ACCO benchmark, seed {args.seed}: 2 processes, round ~ "
+             f"{round_s / (args.micro * t_mb):.2f}x an update's compute, {args.budget:.0f} s per method")
+        print(f"\nfigure: {args.plot}")
     return 0
 
 
