@@ -409,3 +409,22 @@ def test_cached_reference_gives_the_pretraining_runs_state_and_rejects_a_wrong_n
         train.run("scaling_rl.flow.grpo", dataclasses.replace(cfg, reference_params=str(tmp_path / "none")),
                   tmp_path / "bad", seeds=1, progress=False)
     assert "\n" not in str(e.value)
+
+
+def test_inspect_counts_layouts_so_a_collapse_shows():
+    """experiments/flow_grpo_inspect.py: on data every image is data-like with many layouts; 64 copies
+    of one data image are as data-like (the per-image fraction cannot see the collapse) but 1 layout;
+    a bad run directory is a one-line error (exit 2)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from experiments import flow_grpo_inspect as inspect
+    from scaling_rl.flow import data
+
+    x, label = jax.jit(data.shapes_sample, static_argnums=1)(jax.random.PRNGKey(0), 64)
+    valid, squares, red, any_red, layouts = inspect.describe(x)
+    assert valid == 1.0 and squares == pytest.approx(float(jnp.mean(label + 1))) and layouts > 40
+    assert 0 < any_red < 1 and red >= any_red
+    copies = inspect.describe(jnp.repeat(x[:1], 64, axis=0))
+    assert copies[0] == 1.0 and copies[4] == 1
+    assert inspect.main(["/nonexistent", "x.png"]) == 2
