@@ -219,6 +219,7 @@ def main(argv=None) -> int:
     p.add_argument("--chunk-updates", type=int, default=4)
     p.add_argument("--eval-samples", type=int, default=256)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0, help="root seed of the runs (seed i: fold_in(PRNGKey(seed), i))")
     p.add_argument("--target", type=float, default=0.9, help="eval reward for 'FLOPs to target'")
     p.add_argument("--probe-pretrained", default="", metavar="T1,T2,...",
                    help="only pretrain and print how data-like the reference's samples are at these T_eval")
@@ -252,7 +253,8 @@ def main(argv=None) -> int:
     budget = grpo.update_flops(cfgs["reduction"], dim, classes)["total"] * args.updates
     fid = FIDELITY[args.dataset]
     for name, cfg in equal_flops(cfgs, budget, dim, classes).items():
-        df = train.run("scaling_rl.flow.grpo", cfg, out / name, seeds=args.seeds, progress=False)
+        df = train.run("scaling_rl.flow.grpo", cfg, out / name, seeds=args.seeds, seed=args.seed,
+                       progress=False)
         wall = float(df["wall_time"].max())    # the run's own clock (compile + pretraining included)
         # per-step KLs are smaller on finer grids: per step × T_train compares whole trajectories
         df = df.assign(variant=name, kl_path=df["kl"] * cfg.t_train)
