@@ -25,7 +25,10 @@ closer: the per-trajectory figure compares variants), and diversity = mean pairw
 samples (a collapse to one mode — reward hacking — drives it to 0). FLOPs are the velocity-network
 FLOPs of sampling + reference + training, analytic (`grpo.update_flops`).
 
-Each variant is one resumable `train.run` under --out/<variant>/ (rerun to resume / reuse).
+The reference is pretrained once, on the host, and written to --out/reference-<hash>.msgpack (the hash
+of `grpo.PRETRAIN_FIELDS`: a rerun with the same pretraining reuses it); every variant starts from it
+(`reference_params`) instead of re-pretraining. Each variant is one resumable `train.run` under
+--out/<variant>/ (rerun to resume / reuse).
 Writes curves.csv (variant, seed, chunk, flops, eval_return, kl, eval_diversity, ...),
 flow_grpo.png, table.md, summary.json into --out.
 """
@@ -67,6 +70,31 @@ def equal_flops(cfgs: dict, budget: float, dim: int, classes: int) -> dict:
         chunks = max(int(budget // per_chunk), 1)
         out[name] = dataclasses.replace(cfg, updates=chunks * cfg.chunk_updates)
     return out
+
+
+def reference_file(base, out: Path) -> str:
+    """The pretrained reference of `base` as a params file under `out`, named by a hash of the fields
+    that determine it (`grpo.PRETRAIN_FIELDS`); pretrained (jitted, on the host) and written
+    atomically only when absent. Returns its path."""
+    import hashlib
+    import json
+    import time
+
+    import flax.serialization
+    import jax
+
+    from scaling_rl.flow import grpo
+
+    fields = {k: getattr(base, k) for k in grpo.PRETRAIN_FIELDS}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    path = out / f"reference-{digest}.msgpack"
+    if not path.exists():
+        start = time.perf_counter()
+        params = jax.block_until_ready(jax.jit(grpo.make(base).pretrain)())
+        sio.atomic_write_bytes(path, flax.serialization.to_bytes(params))
+        sio.atomic_write_json(path.with_suffix(".json"), fields)
+        print(f"pretrained the reference in {time.perf_counter() - start:.0f} s -> {path}", flush=True)
+    return str(path)
 
 
 def flops_to(curve: pd.DataFrame, target: float):
@@ -191,6 +219,7 @@ def main(argv=None) -> int:
     p.add_argument("--chunk-updates", type=int, default=4)
     p.add_argument("--eval-samples", type=int, default=256)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0, help="root seed of the runs (seed i: fold_in(PRNGKey(seed), i))")
     p.add_argument("--target", type=float, default=0.9, help="eval reward for 'FLOPs to target'")
     p.add_argument("--probe-pretrained", default="", metavar="T1,T2,...",
                    help="only pretrain and print how data-like the reference's samples are at these T_eval")
@@ -217,13 +246,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frames, rows = [], []
+    base = dataclasses.replace(base, reference_params=reference_file(base, out))
     cfgs = variants(base, args.t_train, args.fast_window)
     probe = grpo.make(cfgs["reduction"])
     dim, classes = probe.dataset.dim, probe.num_classes
     budget = grpo.update_flops(cfgs["reduction"], dim, classes)["total"] * args.updates
     fid = FIDELITY[args.dataset]
     for name, cfg in equal_flops(cfgs, budget, dim, classes).items():
-        df = train.run("scaling_rl.flow.grpo", cfg, out / name, seeds=args.seeds, progress=False)
+        df = train.run("scaling_rl.flow.grpo", cfg, out / name, seeds=args.seeds, seed=args.seed,
+                       progress=False)
         wall = float(df["wall_time"].max())    # the run's own clock (compile + pretraining included)
         # per-step KLs are smaller on finer grids: per step × T_train compares whole trajectories
         df = df.assign(variant=name, kl_path=df["kl"] * cfg.t_train)

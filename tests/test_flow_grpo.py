@@ -369,3 +369,62 @@ def test_experiment_probe_pretrained_prints_data_likeness_and_rejects_bad_steps(
     assert exp.main(["--probe-pretrained", "2,x", "--pretrain-steps", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--probe-pretrained" in err and "\n" not in err
+
+
+def test_cached_reference_gives_the_pretraining_runs_state_and_rejects_a_wrong_net(tmp_path):
+    """`reference_params`: a run from the file of `agent.pretrain()` (pretrained once, jitted on the
+    host, as experiments/flow_grpo.py does) has exactly the metrics and final state of the run that
+    pretrains inside its vmapped init; a file of another net is a one-line error; the experiment
+    reuses its reference file for the same pretraining and keys a new one when a pretraining field changes."""
+    import sys
+    from pathlib import Path
+
+    import flax.serialization
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from experiments import flow_grpo as exp
+
+    cfg = grpo.Config(**{**TINY, "pretrain_steps": 30, "pretrain_batch": 32, "updates": 2})
+    path = exp.reference_file(cfg, tmp_path)
+    params = flax.serialization.from_bytes(jax.eval_shape(grpo.make(cfg).pretrain), open(path, "rb").read())
+    untrained = grpo.make(dataclasses.replace(cfg, pretrain_steps=0)).pretrain()
+    assert not np.allclose(jax.tree.leaves(params)[0], jax.tree.leaves(untrained)[0])   # it did pretrain
+    cached = dataclasses.replace(cfg, reference_params=path)
+    runs = {name: train.run("scaling_rl.flow.grpo", c, tmp_path / name, seeds=2, progress=False)
+            for name, c in (("pretrains", cfg), ("cached", cached))}
+    pd.testing.assert_frame_equal(_data(runs["cached"]), _data(runs["pretrains"]), check_exact=True)
+    a, _ = train.load_state(tmp_path / "pretrains")
+    b, _ = train.load_state(tmp_path / "cached")
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+    # reused: same file, not rewritten; a pretraining field changes the key, an RL field does not
+    mtime = Path(path).stat().st_mtime_ns
+    assert exp.reference_file(dataclasses.replace(cfg, lr=0.5, sampler="fast"), tmp_path) == path
+    assert Path(path).stat().st_mtime_ns == mtime
+    other = exp.reference_file(dataclasses.replace(cfg, width=8, pretrain_steps=0), tmp_path)
+    assert other != path
+    with pytest.raises(ValueError, match="reference_params") as e:
+        grpo.make(dataclasses.replace(cfg, reference_params=other))   # width 8 params for a width 16 net
+    assert "\n" not in str(e.value) and "expected" in str(e.value)
+    with pytest.raises(train.ConfigError, match="cannot read") as e:
+        train.run("scaling_rl.flow.grpo", dataclasses.replace(cfg, reference_params=str(tmp_path / "none")),
+                  tmp_path / "bad", seeds=1, progress=False)
+    assert "\n" not in str(e.value)
+
+
+def test_inspect_counts_layouts_so_a_collapse_shows():
+    """experiments/flow_grpo_inspect.py: on data every image is data-like with many layouts; 64 copies
+    of one data image are as data-like (the per-image fraction cannot see the collapse) but 1 layout;
+    a bad run directory is a one-line error (exit 2)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from experiments import flow_grpo_inspect as inspect
+    from scaling_rl.flow import data
+
+    x, label = jax.jit(data.shapes_sample, static_argnums=1)(jax.random.PRNGKey(0), 64)
+    valid, squares, red, any_red, layouts = inspect.describe(x)
+    assert valid == 1.0 and squares == pytest.approx(float(jnp.mean(label + 1))) and layouts > 40
+    assert 0 < any_red < 1 and red >= any_red
+    copies = inspect.describe(jnp.repeat(x[:1], 64, axis=0))
+    assert copies[0] == 1.0 and copies[4] == 1
+    assert inspect.main(["/nonexistent", "x.png"]) == 2

@@ -26,16 +26,22 @@ full-length ODE) and the `sampler`:
 Agent contract (docs/architecture.md): `Config`, `make(cfg) -> Agent(init, chunk, evaluate, ...)`,
 so `scaling_rl.train.run("scaling_rl.flow.grpo", cfg, out_dir, seeds)` gives metrics.parquet,
 checkpoints, exact resume and seed vmapping. `init` pretrains the generator by flow matching with
-the key of `pretrain_seed` (every seed shares the same reference), then copies it to the policy.
+the key of `pretrain_seed` (every seed shares the same reference), then copies it to the policy;
+with `reference_params` (a file of `flax.serialization.to_bytes(agent.pretrain())`, e.g. written once
+and shared by several runs: experiments/flow_grpo.py) it uses those parameters instead of pretraining
+(the same state, bit for bit, when the file holds this config's pretraining: test_flow_grpo).
 """
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+import flax.serialization
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from scaling_rl import nets
@@ -53,6 +59,9 @@ HELD_OUT_STREAM = 0x4E1D     # held-out data for fidelity: fold_in(PRNGKey(pretr
 SAMPLERS = ("full", "fast", "shared_prefix")
 ADV_POOLS = ("group", "prompt")
 LOGP_REDUCES = ("sum", "mean")
+# the Config fields that determine the pretrained reference (`agent.pretrain()`), e.g. to key a cache
+PRETRAIN_FIELDS = ("dataset", "conditional", "guidance_scale", "label_dropout", "kind", "width", "depth",
+                   "pretrain_steps", "pretrain_batch", "pretrain_lr", "pretrain_warmup", "pretrain_seed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +102,8 @@ class Config:
     updates: int = 60                # policy updates in the whole run
     chunk_updates: int = 10          # updates per jitted chunk (= one metrics row)
     eval_samples: int = 256
+    reference_params: str = ""       # file of flax.serialization.to_bytes(params) of the velocity net:
+                                     # the reference (and initial policy) instead of pretraining
 
     def __post_init__(self):
         data_lib.get(self.dataset)
@@ -290,6 +301,7 @@ class FlowAgent(NamedTuple):
     sample_ode: Callable      # (params, key, num, num_steps) -> (x, cond)
     velocity: Callable        # (params, cond) -> velocity(x, t)
     pretrainer: Pretrainer
+    pretrain: Callable        # () -> the pretrained params `init` uses when no reference_params
     dataset: data_lib.Dataset
     num_classes: int
 
@@ -325,13 +337,23 @@ def make(cfg: Config):
             return jnp.zeros((count,), jnp.int32)
         return jax.random.randint(key, (count,), 0, num_classes)
 
-    def init(key):
-        pk = jax.random.PRNGKey(cfg.pretrain_seed)
-        p_init, p_train = jax.random.split(pk)
-        params = net.init(p_init, jnp.zeros((1, d)), jnp.zeros((1,)),
-                          jnp.zeros((1,), jnp.int32) if num_classes else None)
+    def net_init(key):
+        return net.init(key, jnp.zeros((1, d)), jnp.zeros((1,)),
+                        jnp.zeros((1,), jnp.int32) if num_classes else None)
+
+    def pretrain():
+        """The reference: `net` initialised and flow-matching pretrained with the pretrain_seed's keys."""
+        p_init, p_train = jax.random.split(jax.random.PRNGKey(cfg.pretrain_seed))
+        params = net_init(p_init)
         if cfg.pretrain_steps:
             params, _ = pretrainer.run(params, p_train)
+        return params
+
+    loaded = (load_params(cfg.reference_params, jax.eval_shape(net_init, jax.random.PRNGKey(0)))
+              if cfg.reference_params else None)
+
+    def init(key):
+        params = pretrain() if loaded is None else jax.tree.map(jnp.asarray, loaded)
         return FlowState(params=params, ref_params=params, opt_state=opt.init(params), key=key,
                          update=jnp.zeros((), jnp.int32), evals=jnp.zeros((2,), jnp.int32))
 
@@ -466,7 +488,31 @@ def make(cfg: Config):
                      param_count=velocity_param_count(cfg.backbone(), d, net_classes),
                      update=update, env_spec=None, set_hparams=set_hparams, net=net,
                      rollout=rollout, step_stats=step_stats, sample_ode=sample_ode,
-                     velocity=velocity, pretrainer=pretrainer, dataset=ds, num_classes=num_classes)
+                     velocity=velocity, pretrainer=pretrainer, pretrain=pretrain, dataset=ds,
+                     num_classes=num_classes)
+
+
+def load_params(path: str, abstract):
+    """Params read from `path` (flax.serialization.to_bytes), checked against `abstract` (a tree of
+    ShapeDtypeStructs: structure, shapes, dtypes); ValueError (one line) when they do not match."""
+    try:
+        state = flax.serialization.msgpack_restore(Path(path).read_bytes())
+    except (OSError, ValueError, TypeError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"reference_params: cannot read {path!r}: {why}") from None
+    want = flax.serialization.to_state_dict(abstract)
+    flat_want = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(want)}
+    flat_got = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(state)}
+    if flat_got.keys() != flat_want.keys():
+        diff = sorted(flat_got.keys() ^ flat_want.keys())
+        raise ValueError(f"reference_params: {path!r} does not hold this config's velocity net "
+                         f"({len(diff)} parameters differ, e.g. {diff[0]})")
+    for name, w in flat_want.items():
+        g = np.asarray(flat_got[name])
+        if tuple(g.shape) != tuple(w.shape) or g.dtype != w.dtype:
+            raise ValueError(f"reference_params: {path!r} does not hold this config's velocity net "
+                             f"({name}: {g.dtype}{list(g.shape)} in the file, {w.dtype}{list(w.shape)} expected)")
+    return flax.serialization.from_state_dict(abstract, state)
 
 
 def diversity(x, cond):
