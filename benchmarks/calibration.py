@@ -34,7 +34,8 @@ studies as n (intervals inside one study are correlated; for D_J the per-study c
 it is honest about the clustering. Rows outside 0.85–0.95 are flagged `LOW`/`HIGH`.
 
 Raw per-interval rows are cached (atomic write) in benchmarks/results/calibration.csv (`--quick`:
-calibration_quick.csv, not committed; `--points-only`: calibration_points.csv); the table is printed from them and
+calibration_quick.csv; `--points-only`: calibration_points.csv — both generated, not committed (git-ignored):
+rerun to make them, ~2 min for 30 studies); the table is printed from them and
 written beside them as .md. A run replaces the cached rows of the generators × seeds it runs (with `--resume`,
 only the studies missing from them) and keeps every other row. The last line is `pooled_coverage=<x> [lo, hi]`.
 """
