@@ -25,6 +25,7 @@ stacked, (M, micro_batch, ...), and `count` (≤ M, per device) says how many to
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -185,8 +186,7 @@ def learner_update(loss_fn: Callable, opts, mesh, mode: str = "acco", axis: str 
         raise ValueError(f"acco: unknown mode {mode!r}; use one of {', '.join(MODES)}")
     value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def opt_step(grads, count, states, params):
-        return zero.step_groups(opts, grads, count, states, params)
+    opt_step = functools.partial(zero.step_groups, opts)   # (grads, count, states, params)
 
     def per_shard(params, opt_states, pending, batch, extra):
         grad = lambda p, b: value_and_grad(  # noqa: E731

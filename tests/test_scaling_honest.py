@@ -220,6 +220,12 @@ def test_interpolation_gap_is_zero_on_a_log_linear_curve_and_the_bound_where_unr
     assert np.isinf(curves.interpolation_gap(steps, sig, np.array([0.5]))).all()
     # not interpolated (above J at the first point, never reached): no gap
     assert list(curves.interpolation_gap(steps, line, np.array([-0.1, 1.5]))) == [0.0, 0.0]
+    # a curve logged from step 0 (no log there) keeps the gaps of its positive steps beyond the first bracket,
+    # in log and in linear interpolation (all were 0 once: the step-0 point switched the estimate off)
+    z_steps, z_bent = np.concatenate([[0.0], steps]), np.concatenate([[0.0], bent])
+    np.testing.assert_allclose(curves.interpolation_gap(z_steps, z_bent, np.array([0.3, 0.55])), g, rtol=1e-9)
+    lin_gap = curves.interpolation_gap(z_steps, z_bent, np.array([0.3, 0.55]), interpolation="linear")
+    assert np.all(lin_gap > 1e-3), lin_gap
 
 
 def test_adaptive_interpolation_error_covers_on_curve_forms_it_was_not_tuned_on():

@@ -67,12 +67,14 @@ def interpolation_gap(steps: np.ndarray, ymono: np.ndarray, thresholds: np.ndarr
     """(nJ,) |log D_cubic − log D|: how far a shape-preserving cubic (PCHIP, in log env-steps) through
     the non-decreasing curve `ymono` (T,) puts each threshold's crossing from `first_crossing`'s
     piecewise-linear one; 0 where D_J is not interpolated (not reached, reached at the first log point,
-    a step ≤ 0). Two interpolants of different order that agree say the curve is smooth over the
-    bracket at this logging density; the gap is the data's own estimate of the interpolation error
-    (`interp_error="adaptive"`), where a fixed share of the bracket would assume the worst curve.
-    inf where one bracket holds more than UNRESOLVED_RISE of the curve's whole rise: the points do not
-    resolve the shape there (a steep sigmoid between two log points: both interpolants miss alike), so
-    no estimate, and the caller falls back to the bracket bound."""
+    a bracket starting at step ≤ 0, where `first_crossing` has no log bracket either). Two interpolants
+    of different order that agree say the curve is smooth over the bracket at this logging density; the
+    gap is the data's own estimate of the interpolation error (`interp_error="adaptive"`), where a fixed
+    share of the bracket would assume the worst curve. inf where one bracket holds more than
+    UNRESOLVED_RISE of the curve's whole rise: the points do not resolve the shape there (a steep
+    sigmoid between two log points: both interpolants miss alike), so no estimate, and the caller falls
+    back to the bracket bound. In log steps the cubic goes through the points at steps > 0 only (a
+    curve logged from step 0 keeps its gaps beyond the first bracket)."""
     from scipy.interpolate import PchipInterpolator
     from scipy.optimize import brentq
     J = np.atleast_1d(np.asarray(thresholds, float))
@@ -80,21 +82,20 @@ def interpolation_gap(steps: np.ndarray, ymono: np.ndarray, thresholds: np.ndarr
     steps = np.asarray(steps, float)
     out = np.zeros(len(J))
     idx = np.sum(y[:, None] < J[None, :], axis=0)
-    if len(steps) < 3 or steps[0] <= 0 or np.all((idx == 0) | (idx >= len(y))):
+    skip = int(np.sum(steps <= 0)) if interpolation == "log" else 0   # a leading step 0 has no log
+    if len(steps) - skip < 3 or np.all((idx <= skip) | (idx >= len(y))):
         return out
-    x = np.log(steps)
-    # PCHIP needs strictly increasing x; ties in y (isotonic plateaus) are fine (zero slope there)
-    xx = x if interpolation == "log" else steps
-    p = PchipInterpolator(xx, y)
+    xx = np.log(steps[skip:]) if interpolation == "log" else steps
+    p = PchipInterpolator(xx, y[skip:])   # strictly increasing x; isotonic plateaus get zero slope
     lin = first_crossing(steps, y[None], J, interpolation)[0]
     rise = float(y[-1] - y[0])
     for j, (i, thr) in enumerate(zip(idx, J)):
-        if i == 0 or i >= len(y) or not np.isfinite(lin[j]):
+        if i <= skip or i >= len(y) or not np.isfinite(lin[j]):
             continue
         if y[i] - y[i - 1] > UNRESOLVED_RISE * rise:   # the shape is not resolved: no estimate, the bound
             out[j] = np.inf
             continue
-        a, b = xx[i - 1], xx[i]
+        a, b = xx[i - 1 - skip], xx[i - skip]
         fa, fb = float(p(a)) - thr, float(p(b)) - thr
         if fb == 0.0:
             root = b
@@ -106,6 +107,7 @@ def interpolation_gap(steps: np.ndarray, ymono: np.ndarray, thresholds: np.ndarr
         if d > 0:
             out[j] = abs(np.log(d) - np.log(lin[j]))
     return out
+
 
 @dataclasses.dataclass
 class DataEfficiency:
@@ -434,17 +436,17 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
     half_point = np.full((2, C, nJ), np.nan)        # D_J from seeds [:S//2] and [S//2:] (cross-fitted cells)
     half_boot = np.full((2, K, C, nJ), np.nan)
     half_jack = np.full((2, S_max, C, nJ), np.nan)  # half q's D_J without seed s (= half_point if s is not in q)
+
+    def jitter(D, br, r, cap):   # D, br (K, nJ): the replicates times exp(U(−h, h)) (see the docstring)
+        if interp_error == "none":
+            return D
+        return D * np.exp(r.uniform(-1.0, 1.0, size=br.shape) * np.minimum(0.25 * br, cap[None, :]))
+
     for i, (c, Y) in enumerate(zip(cs.curves, Ys)):
         J = thr[c.task]
         point[i] = first_crossing(c.steps, iso[i][None], J, interpolation)[0]
-        if interp_error == "adaptive":
-            gap_h = ADAPTIVE_GAP_FACTOR * interpolation_gap(c.steps, iso[i], J, interpolation)
-
-        def jitter(D, br, r):   # D, br (K, nJ): the replicates times exp(U(−h, h)) (see the docstring)
-            if interp_error == "none":
-                return D
-            h = 0.25 * br if interp_error == "uniform" else np.minimum(0.25 * br, gap_h[None, :])
-            return D * np.exp(r.uniform(-1.0, 1.0, size=br.shape) * h)
+        cap = (ADAPTIVE_GAP_FACTOR * interpolation_gap(c.steps, iso[i], J, interpolation)
+               if interp_error == "adaptive" else np.full(len(J), np.inf))   # "uniform": the quarter bracket
         S = Y.shape[1]
         counts = rng.multinomial(S, np.full(S, 1.0 / S), size=K)          # resample seeds
         if crossfit[i]:
@@ -460,10 +462,10 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
                                                      interpolation)
                 hb, hbr = first_crossing(c.steps, isotonic_rows(cq @ Yq.T / Yq.shape[1]), J, interpolation,
                                          return_bracket=True)
-                half_boot[q, :, i] = jitter(hb, hbr, rng_x)
+                half_boot[q, :, i] = jitter(hb, hbr, rng_x, cap)
         bmeans = counts @ Y.T / S                                          # (K, T)
-        b, br = first_crossing(c.steps, isotonic_rows(bmeans), J, interpolation, return_bracket=True)
-        boot[:, i] = jitter(b, br, rng)
+        reps, br = first_crossing(c.steps, isotonic_rows(bmeans), J, interpolation, return_bracket=True)
+        boot[:, i] = jitter(reps, br, rng, cap)
         if S > 1:
             keep = 1.0 - np.eye(S_max)[:, :S]                             # drop seed s (beyond S: drop none)
             keep[S:] = 1.0

@@ -12,7 +12,7 @@ import numpy as np
 from scipy import stats
 
 from . import fitting, laws
-from .curves import DataEfficiency
+from .curves import INTERP_ERRORS, DataEfficiency
 
 
 @dataclasses.dataclass
@@ -59,8 +59,8 @@ class Settings:
             raise ValueError(f"extrapolate: {self.extrapolate} must be a factor >= 1 (1 = stay inside the sweep)")
         if self.weights not in ("auto", "none", "bootstrap"):
             raise ValueError(f"weights: {self.weights!r} is unknown; use auto, none or bootstrap")
-        if self.interp_error not in ("adaptive", "uniform", "none"):
-            raise ValueError(f"interp_error: {self.interp_error!r} is unknown; use 'adaptive', 'uniform' or 'none'")
+        if self.interp_error not in INTERP_ERRORS:
+            raise ValueError(f"interp_error: {self.interp_error!r} is unknown; use one of {INTERP_ERRORS}")
         if self.config_select not in ("crossfit", "argmin"):
             raise ValueError(f"config_select: {self.config_select!r} is unknown; use 'crossfit' or 'argmin'")
         if self.select not in ("aicc", "full"):
