@@ -253,7 +253,7 @@ def main() -> None:
     Ws = sorted(set(args.widths))
     def key_of(widths) -> str:   # a repetition's record names its settings (its widths among them)
         settings = {"widths": sorted(float(w) for w in widths), "bootstrap": args.bootstrap,
-                    "max_seeds": args.max_seeds, "trial_seeds": args.trial_seeds, "initial": args.initial, "v": 2}
+                    "max_seeds": args.max_seeds, "trial_seeds": args.trial_seeds, "initial": args.initial, "v": 3}
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
 
     key = key_of(Ws)

@@ -246,7 +246,7 @@ def test_crossfitted_replicates_are_centred_on_the_point():
     np.testing.assert_allclose(np.median(L, axis=0), np.log(de.g_point), atol=1e-9)
     assert np.all(np.std(L, axis=0) > 0.01)     # the spread is still there
     assert (de.g_select == "crossfit").all()     # tied: no clear winner anywhere
-    assert any("0.86 at 5 seeds" in n for n in de.notes), de.notes   # the known shortfall is said, with its number
+    assert any("0.87 at 5 seeds" in n for n in de.notes), de.notes   # the known shortfall is said, with its number
 
 
 def _interaction_law_fit(g: float, seed: int = 0):
@@ -349,3 +349,57 @@ def test_a_lucky_configuration_among_tied_ones_is_not_called_clear():
                                   rng=r)
         sel += list(data_efficiency(cs, thresholds=[0.3, 0.5], normalize="none", n_bootstrap=40, seed=r).g_select[0])
     assert len(sel) == 200 and sel.count("clear") == 0, sel.count("clear")
+
+
+def test_shrink_between_moves_ties_to_their_common_level_and_keeps_real_gaps():
+    from scaling_rl.scaling.curves import _shrink_between
+    rng = np.random.default_rng(0)
+    # 4 configurations, one threshold; half-seed replicates with log-sd 0.05 around each configuration's level
+    def reps(levels):
+        Hp = np.exp(np.array(levels, float))[None, :, None].repeat(2, axis=0)          # (2, n_m, 1)
+        Hb = Hp[:, None] * np.exp(0.05 * rng.standard_normal((2, 400, len(levels), 1)))
+        return Hb, Hp
+    Hb, Hp = reps([10.0, 10.03, 9.98, 10.01])            # spread of the levels ≈ the noise: a tie
+    out = _shrink_between(Hb, Hp, np.array([1.25, 1.25]))
+    med = np.median(np.log(out), axis=1)[..., 0]          # each configuration's replicates now sit at the common level
+    assert np.ptp(med, axis=1).max() < 0.02, med
+    assert np.std(np.log(out[0, :, 0, 0])) == pytest.approx(np.std(np.log(Hb[0, :, 0, 0])), rel=1e-9)   # spread kept
+    Hb, Hp = reps([10.0, 11.0, 12.0, 13.0])               # gaps 20× the noise: left where they are
+    out = _shrink_between(Hb, Hp, np.array([1.25, 1.25]))
+    np.testing.assert_allclose(np.median(np.log(out), axis=1), np.median(np.log(Hb), axis=1), atol=0.01)
+    Hp[0, 1, 0] = np.inf                                  # a censored configuration: that half is left unshrunk
+    out = _shrink_between(Hb, Hp, np.array([1.25, 1.25]))
+    np.testing.assert_array_equal(out[0], Hb[0])
+
+
+def test_crossfitted_replicates_of_tied_configurations_spread_like_the_estimate():
+    """4 tied batch sizes, 10 seeds: a replicate's winner varies, and reading it on the other half added the
+    spread of the candidates' observed levels — seed noise counted twice. The replicates were wider than the
+    estimate varies across studies (calibration: rms z 0.73, coverage 0.975 over 100 studies at 10 seeds);
+    shrunk, the replicates' sd matches the estimate's (the point itself is unchanged)."""
+    from scaling_rl.scaling import curves as cv, synthetic
+    tr = synthetic.Truth(kappa=0.0)
+
+    def spread():
+        pts, sds = [], []
+        for r in range(40):
+            cs = synthetic.make_study(tr, utds=[1.0], param_counts=[1e6], batch_sizes=[128, 256, 512, 1024],
+                                      seeds=10, noise=0.1, n_log=60, log_spaced=True, rng=100 + r)
+            de = cv.data_efficiency(cs, thresholds=[0.5], normalize="none", n_bootstrap=60, seed=r)
+            assert de.g_select[0, 0] == "crossfit"
+            pts.append(np.log(de.g_point[0, 0]))
+            sds.append(np.std(np.log(de.g_boot[:, 0, 0]), ddof=1))
+        return np.array(pts), float(np.mean(sds))
+
+    pts, sd_now = spread()
+    orig = cv._shrink_between
+    try:
+        cv._shrink_between, cv.HALF_RESCALE = (lambda Hb, Hp, vf: Hb), False
+        pts_before, sd_before = spread()
+    finally:
+        cv._shrink_between, cv.HALF_RESCALE = orig, True
+    np.testing.assert_array_equal(pts, pts_before)          # the estimate is untouched
+    # measured: replicate sd / the estimate's sd across 40 studies: before 1.12, now 0.96 (the seed inflation
+    # sqrt(n/(n−1))·t_ν/z = 1.17 at 10 seeds sits on top in the printed interval: calibration 0.975 → 0.94)
+    assert sd_before / sd_now > 1.08, (sd_before, sd_now)
+    assert 0.8 < sd_now / np.std(pts, ddof=1) < 1.05, (sd_now, np.std(pts, ddof=1))
