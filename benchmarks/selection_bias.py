@@ -69,14 +69,14 @@ def _law_fit(select: str, seeds: int, rng: int, K: int, bs=TIED):
     return analysis.fit_with_bootstrap(laws.DATA_EFFICIENCY_SIGMA_N, x, y, Y, st, reps, "D", Yj=Yj, weights=w)
 
 
-def part_b(studies: int, seeds_list=(5, 10)) -> dict:
+def part_b(studies: int, seeds_list=(5, 10), rng0: int = 1000) -> dict:
     est = _law_fit("argmin", 400, 12345, 30, bs=(np.nan,)).params()
     out = {}
     for seeds in seeds_list:
         for sel, bs in (("one config", (np.nan,)), ("argmin", TIED), ("crossfit", TIED)):
             cov = {k: [] for k in est}
             for r in range(studies):
-                iv = _law_fit("argmin" if sel == "one config" else sel, seeds, 1000 + r, 60, bs=bs).intervals()
+                iv = _law_fit("argmin" if sel == "one config" else sel, seeds, rng0 + r, 60, bs=bs).intervals()
                 for k, v in est.items():
                     cov[k].append(iv[k].get("lo") is not None and iv[k]["lo"] <= v <= iv[k]["hi"])
             out[(sel, seeds)] = {k: float(np.mean(v)) for k, v in cov.items()}
@@ -133,10 +133,11 @@ def main() -> None:
     ap.add_argument("--law-studies", type=int, default=25)
     ap.add_argument("--sigma-studies", type=int, default=5)
     ap.add_argument("--law-seeds", default="5,10", help="seeds per configuration of part B's studies")
+    ap.add_argument("--law-rng", type=int, default=1000, help="part B's first study seed (studies rng, rng + 1, ...)")
     args = ap.parse_args()
     a = part_a(args.studies)
     if args.law_studies:
-        part_b(args.law_studies, [int(x) for x in args.law_seeds.split(",")])
+        part_b(args.law_studies, [int(x) for x in args.law_seeds.split(",")], args.law_rng)
     _, new, n = part_c(args.sigma_studies)
     part_d()
     print(f"crossfit_point_coverage={a['crossfit'][0]:.3f} argmin_point_coverage={a['argmin'][0]:.3f} "
