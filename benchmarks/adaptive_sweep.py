@@ -247,27 +247,37 @@ def main() -> None:
     from scaling_rl.sweep import parse_spec
     from scaling_rl.sweep.adaptive import cells_of, default_delta
     root = Path(args.out)
-    (root / "reps").mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        (root / "reps").mkdir(parents=True, exist_ok=True)
     delta = default_delta(cells_of(parse_spec(spec_dict(root / "probe", 1, 0, early_stop=False)).trials))
     truth = truth_exponents(delta)
     Ws = sorted(set(args.widths))
-    def key_of(widths) -> str:   # a repetition's record names its settings (its widths among them)
+    def key_of(widths, v: int = 3) -> str:   # a repetition's record names its settings (its widths among them)
+        # v: 3 = intervals at plotting positions with the adaptive interpolation error (2026-12-04 on); 2 = before
         settings = {"widths": sorted(float(w) for w in widths), "bootstrap": args.bootstrap,
-                    "max_seeds": args.max_seeds, "trial_seeds": args.trial_seeds, "initial": args.initial, "v": 3}
+                    "max_seeds": args.max_seeds, "trial_seeds": args.trial_seeds, "initial": args.initial, "v": v}
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
 
     key = key_of(Ws)
     print(f"truth: σ*(F) exponent {truth['sigma']:.4f}, N*(F) exponent {truth['N']:.4f} (δ = {delta:.3g} FLOPs/step); "
-          f"widths W = {Ws}; " + ("finished repetitions in --out;" if args.report_only else f"up to {args.reps} repetitions;") + f" {args.bootstrap} bootstrap replicates per fit "
+          + (f"widths W = {Ws}; " if not args.report_only else "") + ("finished repetitions in --out (their widths);" if args.report_only else f"up to {args.reps} repetitions;") + f" {args.bootstrap} bootstrap replicates per fit "
           f"(confirm {4 * args.bootstrap}); grid S = {MIN_SEEDS}..{args.max_seeds}; adaptive: {args.initial}, "
           f"{args.trial_seeds}-seed trials", flush=True)
     t_start = time.time()
     reps = []
+    old_reps = 0
     if args.report_only:
-        for path in sorted((root / "reps").glob("rep_*.json"), key=lambda p: int(p.stem.split("_")[1])):
+        where = root / "reps" if (root / "reps").is_dir() else root   # a run's --out, or a folder of its records
+        for path in sorted(where.glob("rep_*.json"), key=lambda p: int(p.stem.split("_")[1])):
             res = json.loads(path.read_text())   # every finished repetition, whatever its widths
             if res.get("settings") == key_of(res["grid_es"]):
                 reps.append(res)
+            elif res.get("settings") == key_of(res["grid_es"], v=2):
+                old_reps += 1
+                reps.append(res)
+        if old_reps:
+            print(f"{old_reps} of {len(reps)} repetitions were run before 2026-12-04's interval changes (linear-"
+                  "quantile ends, quarter-bracket interpolation error): reported as they were", flush=True)
         Ws = sorted({float(w) for r in reps for w in r["grid_es"]})
     def one(r: int, widths: list, grid: dict | None) -> None:
         t0 = time.time()
