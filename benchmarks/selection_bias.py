@@ -135,13 +135,14 @@ def main() -> None:
     ap.add_argument("--law-seeds", default="5,10", help="seeds per configuration of part B's studies")
     ap.add_argument("--law-rng", type=int, default=1000, help="part B's first study seed (studies rng, rng + 1, ...)")
     args = ap.parse_args()
-    a = part_a(args.studies)
+    a = part_a(args.studies) if args.studies else None   # --studies 0: part A not run (no "nan" rows)
     if args.law_studies:
         part_b(args.law_studies, [int(x) for x in args.law_seeds.split(",")], args.law_rng)
     _, new, n = part_c(args.sigma_studies)
     part_d()
-    print(f"crossfit_point_coverage={a['crossfit'][0]:.3f} argmin_point_coverage={a['argmin'][0]:.3f} "
-          f"sigma_mislabelled_new={new}/{n}")
+    points = (f"crossfit_point_coverage={a['crossfit'][0]:.3f} argmin_point_coverage={a['argmin'][0]:.3f} "
+              if a else "")
+    print(f"{points}sigma_mislabelled_new={new}/{n}")
 
 
 if __name__ == "__main__":
