@@ -113,12 +113,19 @@ def covers(iv, truth: float) -> bool:
     return iv is not None and iv[1] is not None and iv[1] <= truth <= iv[2]
 
 
-def fit_table(table, delta: float, n_bootstrap: int) -> dict:
+def fit_table(table, delta: float, n_bootstrap: int, capture: dict | None = None) -> dict:
+    """The honest-laws analysis of a results table (`capture`: filled with what the JSON leaves out)."""
     from scaling_rl.scaling import analysis, data
     cs = data.curves_from_table(table, "eval_return")
     st = analysis.Settings(thresholds=THRESHOLDS, normalize="none", n_bootstrap=n_bootstrap, delta=delta,
                            holdout=False, max_starts=4, seed=0)
-    return analysis.analyze(cs, st)
+    return analysis.analyze(cs, st, capture=capture)
+
+
+def grid_seeds(rep: int, S: int) -> range:
+    """The grid + ES baseline's global seeds of repetition `rep`, first S of them (disjoint from the adaptive's)."""
+    g0 = 10_000_000 + 100 * rep
+    return range(g0, g0 + S)
 
 
 def full_budget_flops(table, delta: float) -> float:
@@ -136,11 +143,10 @@ def run_grid_es(root: Path, rep: int, Ws: list, n_bootstrap: int, delta: float, 
     from scaling_rl.sweep.adaptive import spent
     out = root / f"grid_es_{rep}"
     shutil.rmtree(out, ignore_errors=True)
-    g0 = 10_000_000 + 100 * rep
     res, todo, run_s, fit_total = {}, sorted(Ws, reverse=True), 0.0, 0.0
     for S in range(MIN_SEEDS, max_seeds + 1):
         t0 = time.time()   # add seed S to every cell (the store skips the trials already run)
-        run_sweep(parse_spec(spec_dict(out, 1, 0, grid_seeds=range(g0, g0 + S))), progress=False)
+        run_sweep(parse_spec(spec_dict(out, 1, 0, grid_seeds=grid_seeds(rep, S))), progress=False)
         sub = collect(out)
         run_s += time.time() - t0
         fit_s = time.time()

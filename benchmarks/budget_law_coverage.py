@@ -15,7 +15,8 @@ and the replicates with their seed inflation, so the report can also say what th
 Printed per seeds × exponent: coverage of the reported interval (Wilson 90% over repetitions), how many
 were BCa, the coverage of the percentile and basic alternatives, rms z = (estimate − truth) / inflated
 replicate sd, and corr(median replicate − estimate, truth − estimate): positive means the replicates sit
-on the truth's side of the estimate, the reverse of what BCa's bias correction assumes.
+on the truth's side of the estimate, the reverse of what BCa's bias correction assumes. Repetitions whose
+interval was withheld, or that have no budget law at all, are counted and shown beside the row, not scored.
 Records: <out>/s<S>.jsonl, one line per repetition, appended as each finishes (a rerun skips done ones).
 """
 from __future__ import annotations
@@ -36,17 +37,12 @@ KEYS = ("estimate", "lo", "hi", "method", "p_below", "reason", "n_ok", "n", "n_u
 
 
 def run_one(root: Path, rep: int, seeds: int, n_bootstrap: int, delta: float) -> dict:
-    from scaling_rl.scaling import analysis, data
     from scaling_rl.sweep import collect, parse_spec, run_sweep
     out = root / f"grid_{seeds}_{rep}"
     shutil.rmtree(out, ignore_errors=True)
-    g0 = 10_000_000 + 100 * rep
-    run_sweep(parse_spec(study.spec_dict(out, 1, 0, grid_seeds=range(g0, g0 + seeds))), progress=False)
-    cs = data.curves_from_table(collect(out), "eval_return")
-    st = analysis.Settings(thresholds=study.THRESHOLDS, normalize="none", n_bootstrap=n_bootstrap, delta=delta,
-                           holdout=False, max_starts=4, seed=0)
+    run_sweep(parse_spec(study.spec_dict(out, 1, 0, grid_seeds=study.grid_seeds(rep, seeds))), progress=False)
     cap: dict = {}
-    fit = analysis.analyze(cs, st, capture=cap)
+    fit = study.fit_table(collect(out), delta, n_bootstrap, capture=cap)
     shutil.rmtree(out, ignore_errors=True)
     R = cap["reps"]
     rec = {"rep": rep, "S": seeds}
@@ -78,17 +74,18 @@ def load(root: Path) -> dict[int, list[dict]]:
 
 def summarise(rows: list[dict], ax: str, truth: float) -> dict | None:
     """Coverage of the reported, percentile and basic intervals over the repetitions that have replicates."""
-    rep_cov, pct, basic, zs, off, err, bca, withheld = [], [], [], [], [], [], 0, 0
+    rep_cov, pct, basic, zs, off, err, bca, withheld, missing = [], [], [], [], [], [], 0, 0, 0
     for r in rows:
         d = r.get(ax)
-        if not d or d.get("reps") is None:
+        if not d or d.get("reps") is None:   # no budget law at all (e.g. optima on the box edge): counted
+            missing += 1
             continue
-        e = d["estimate"]
-        x = np.array([np.nan if v is None else v for v in d["reps"]], float)
-        x = x[np.isfinite(x)]
         if d.get("lo") is None:
             withheld += 1
             continue
+        e = d["estimate"]
+        x = np.array([np.nan if v is None else v for v in d["reps"]], float)
+        x = x[np.isfinite(x)]   # the alternatives use the finite replicates (the reported one widens for the rest)
         rep_cov.append(d["lo"] <= truth <= d["hi"])
         bca += d.get("method") == "BCa"
         dev = d["inflation"] * (x - e)
@@ -100,9 +97,9 @@ def summarise(rows: list[dict], ax: str, truth: float) -> dict | None:
         err.append(truth - e)
     n = len(rep_cov)
     if n == 0:
-        return None
+        return {"n": 0, "withheld": withheld, "missing": missing} if withheld or missing else None
     off, err = np.array(off), np.array(err)
-    return {"n": n, "withheld": withheld, "covered": int(sum(rep_cov)), "wilson": study.wilson(int(sum(rep_cov)), n),
+    return {"n": n, "withheld": withheld, "missing": missing, "covered": int(sum(rep_cov)), "wilson": study.wilson(int(sum(rep_cov)), n),
             "bca": int(bca), "percentile": float(np.mean(pct)), "basic": float(np.mean(basic)),
             "rms_z": float(np.sqrt(np.mean(np.square(zs)))), "mean_z": float(np.mean(zs)),
             "corr": float(np.corrcoef(off, err)[0, 1]) if n > 2 else math.nan,
@@ -120,14 +117,16 @@ def report(root: Path, truth: dict) -> None:
     for S, rows in sorted(by_s.items()):
         for ax in study.AXES:
             m = summarise(rows, ax, truth[ax])
-            if m is None:
-                print(f"{S:>5} {ax:>9}  no repetition with an interval")
+            gone = "" if m is None else ", ".join(
+                f"{m[k]} {w}" for k, w in (("withheld", "withheld"), ("missing", "without a budget law")) if m[k])
+            if m is None or m["n"] == 0:
+                print(f"{S:>5} {ax:>9}  no repetition with an interval" + (f" ({gone})" if gone else ""))
                 continue
             lo, hi = m["wilson"]
             cov = f"{m['covered']}/{m['n']} = {m['covered'] / m['n']:.2f} [{lo:.2f}, {hi:.2f}]"
             print(f"{S:>5} {ax:>9} {m['n']:>4} {cov:>26} {m['bca']:>3}/{m['n']:<3} {m['percentile']:>10.2f} "
                   f"{m['basic']:>6.2f} {m['rms_z']:>6.2f} {m['mean_z']:>7.2f} {m['corr']:>14.2f} {m['slope']:>6.2f}"
-                  + (f"  ({m['withheld']} withheld)" if m["withheld"] else ""))
+                  + (f"  ({gone}: not scored)" if gone else ""))
 
 
 def main() -> None:

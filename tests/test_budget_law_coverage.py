@@ -45,4 +45,8 @@ def test_withheld_intervals_are_counted_not_scored_and_reruns_count_once(tmp_pat
     (tmp_path / "s3.jsonl").write_text("\n".join(json.dumps(r) for r in rows + rows[:2]) + "\n")
     got = blc.load(tmp_path)
     assert list(got) == [3] and [r["rep"] for r in got[3]] == list(range(10))
-    assert blc.summarise(rows, "sigma", 0.0) is None
+    # a repetition without the law is counted, not dropped; nothing at all is None
+    assert blc.summarise(rows, "sigma", 0.0) == {"n": 0, "withheld": 0, "missing": 10}
+    assert blc.summarise([], "N", 0.0) is None
+    m = blc.summarise(rows + [{"rep": 10, "S": 3}], "N", 0.0)
+    assert (m["n"], m["withheld"], m["missing"]) == (9, 1, 1)
