@@ -1,4 +1,4 @@
-"""Coverage of the budget-law exponents' intervals of a fixed-seed grid (no stopping rule), and why they miss.
+"""Coverage of the budget-law exponents' intervals of a fixed-seed grid (no stopping rule), and why they missed.
 
     .venv/bin/python benchmarks/budget_law_coverage.py --seeds 3 --reps 72 [--first-rep 0] [--out DIR]
     .venv/bin/python benchmarks/budget_law_coverage.py --report-only --out benchmarks/results/budget_law_coverage
@@ -17,6 +17,13 @@ were BCa, the coverage of the percentile and basic alternatives, rms z = (estima
 replicate sd, and corr(median replicate − estimate, truth − estimate): positive means the replicates sit
 on the truth's side of the estimate, the reverse of what BCa's bias correction assumes. Repetitions whose
 interval was withheld, or that have no budget law at all, are counted and shown beside the row, not scored.
+
+Why they missed (2026-12-05): each cell's D_J replicates were not centred on the cell's point — the mean of
+their logs sat ~0.1 × the point's error toward the truth (the crossing of an isotonic seed-mean curve is not
+linear in the seeds); the law fits add the cells up, so every law, optimum and budget law leaned, and BCa
+moved the intervals away. `curves.mean_centred` (applied by `DataEfficiency.fit_data`) removed it:
+records before the fix in <out>/s<S>.jsonl of benchmarks/results/budget_law_coverage/, after it in
+benchmarks/results/budget_law_coverage/centred/.
 Records: <out>/s<S>.jsonl, one line per repetition, appended as each finishes (a rerun skips done ones).
 """
 from __future__ import annotations
