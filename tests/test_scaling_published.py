@@ -117,3 +117,74 @@ def test_param_count_that_is_not_a_number_is_an_argparse_exit_2(seed_only_dir, t
     with pytest.raises(SystemExit) as e:
         _fit(seed_only_dir, tmp_path / "o", "--param-count", "big")
     assert e.value.code == 2 and not (tmp_path / "o").exists()
+
+
+# ---- values no law can use: one line from the data layer (`data.validate_levels`), whatever the source -----------
+
+def _bad_source(study, root, case):
+    """The study as a curve directory (or table) with one kind of bad configuration value."""
+    if case.startswith("table_"):
+        tab = study.to_table().drop(columns=["param_count"])
+        if case == "table_text_utd":
+            tab = tab.assign(param_count=1e5, utd=tab["utd"].map(lambda u: "half" if u == 0.5 else str(u)))
+        else:   # table_some_sizes: param_count known for some configurations only
+            tab = tab.assign(param_count=np.where(tab["utd"] == 1, np.nan, 1e5))
+        path = root / "t.csv"
+        root.mkdir(parents=True)
+        tab.to_csv(path, index=False)
+        return path
+    data.write_npy_dir(study, root)
+    first = sorted(root.rglob("*.npy"))[0]                   # utd_0.5/hop/eval_return/bs_256_lr_0.001.npy
+    if case.startswith("utd_"):
+        (root / "utd_0.5").rename(root / case)
+    elif case in ("bs_0", "lr_-1"):
+        first.rename(first.with_name("bs_0_lr_0.001.npy" if case == "bs_0" else "bs_256_lr_-1.npy"))
+    elif case in ("w64p0", "some_sizes"):
+        for d in sorted(root.glob("utd_*"))[: None if case == "w64p0" else 2]:
+            (root / "w64p1e5" if case == "some_sizes" else root / case).mkdir(exist_ok=True)
+            d.rename((root / ("w64p1e5" if case == "some_sizes" else case)) / d.name)
+    elif case == "negative_steps":
+        a = np.load(first)
+        a[:, 0] -= a[-1, 0] / 2
+        np.save(first, a)
+    return root
+
+
+@pytest.mark.parametrize("case,msg", [
+    ("utd_nan", "UTD ratio σ (utd) must be a finite number > 0; 2 of 8 curve(s) have e.g. nan"),
+    ("utd_0", "UTD ratio σ (utd) must be a finite number > 0; 2 of 8 curve(s) have e.g. 0"),
+    ("utd_-2", "have e.g. -2"),
+    ("utd_inf", "have e.g. inf"),
+    ("bs_0", "batch size B (batch_size) must be a finite number > 0 or missing; 1 of 8"),
+    ("lr_-1", "learning rate η (lr) must be a finite number > 0 or missing"),
+    ("w64p0", "model size N (param_count) must be a finite number > 0 or missing; 8 of 8"),
+    ("some_sizes", "model size (param_count) known for 4 of 8 curves only"),
+    ("negative_steps", "env steps must be finite and >= 0"),
+    ("table_text_utd", "column 'utd' must be numeric"),
+    ("table_some_sizes", "known for 6 of 8 curves only"),
+])
+@pytest.mark.parametrize("pool", [False, True])
+def test_bad_configuration_values_are_one_line_errors(study, tmp_path, capsys, case, msg, pool):
+    src = _bad_source(study, tmp_path / "src", case)
+    out = tmp_path / "out"
+    assert _fit(src, out, *(["--pool-tasks"] if pool else [])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("scaling-rl: error: results: ") and msg in err and "\n" not in err, err
+    assert not out.exists()
+    with pytest.raises(ValueError, match="must be|known for"):
+        data.load_results(src)
+
+
+def test_single_seed_study_fits_without_intervals(study, tmp_path, capsys):
+    """One seed per configuration: no bootstrap (K = 0) — the σ-slope test used to crash broadcasting the D_J
+    bootstrap's rows against zero replicates."""
+    one = data.CurveSet([data.Curve(**{**c.__dict__, "returns": c.returns[:, :1]}) for c in study.curves], study.metric)
+    src = tmp_path / "one_seed"
+    data.write_npy_dir(one, src)
+    assert _fit(src, tmp_path / "fit", "--param-count", "1e5") == 0, capsys.readouterr().err
+    fit = json.loads((tmp_path / "fit" / "fit.json").read_text())
+    assert "a single seed per configuration: no seed bootstrap" in json.dumps(fit)
+    assert _fit(src, tmp_path / "pool", "--pool-tasks", "--param-count", "1e5") == 0
+    res = json.loads((tmp_path / "pool" / "pooled.json").read_text())
+    assert res["bootstrap"]["n"] == 0 and len(res["per_threshold"]) == 3
+    assert all(r["optimum"]["sigma"] > 0 and r["intervals"]["sigma"]["lo"] is None for r in res["per_threshold"])

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import allocation as alloc
 from . import fitting
+from . import region as regions
 from .curves import DataEfficiency
 from .lawfit import Replicates, Settings, _later
 
@@ -52,6 +53,7 @@ def _constant_batch(table, task: str, notes: list) -> alloc.BatchModel:
 
 
 QUANTITIES = ("sigma", "N", "B", "D", "C", "F")
+MIN_F_SPAN = 3.0   # a budget law y*(F) is fitted only over optima that span at least this factor in F
 
 
 def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks: list[str], de_fits: dict,
@@ -116,6 +118,11 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
                               fitted.scope)
             row["scope"] = fitted.scope
             row["_samples"] = samples
+            cells = _cells(de, t, j)
+            row["delta_sensitivity"] = _delta_sensitivity(p, bm, delta, box, fixed, cells, lv)
+            _later(finalize, row, lambda row=row, p=p, fitted=fitted, key=key, fixed=fixed, box=box, cells=cells,
+                   bm=bm, bm_reps=bm_reps, b_ok=b_ok, lv=lv, kind=kind: {"region": _region(
+                       row, p, kind, bm, bm_reps, b_ok, delta, box, fixed, fitted, key, cells, lv, reps)})
             capture["laws"][(t, j)] = {"kind": kind, "point": p, "fixed": fixed, "scope": fitted.scope,
                                        "batch": bm, "batch_reps": bm_reps, "delta": delta, "box": box,
                                        "reps": [None if q is None else _full_params(q, kind)
@@ -142,6 +149,44 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
         res["per_threshold"].extend(rows)
         res["power_laws"].extend(_budget_laws(t, rows, reps, st, finalize, capture))
     return res
+
+
+def _cells(de: DataEfficiency, t: str, j: int) -> dict:
+    """The measured configurations of task t at threshold j: levels, point D_J and per-replicate D_J."""
+    m = (de.configs["task"] == t).to_numpy()
+    c = de.configs[m]
+    return {"utd": c["utd"].to_numpy(float), "param_count": c["param_count"].to_numpy(float),
+            "batch_size": c["batch_size"].to_numpy(float), "D": de.point[m, j],
+            "D_boot": de.boot[:, m, j] if de.boot.size else np.zeros((0, int(m.sum())))}
+
+
+def _region(row: dict, p: dict, kind: str, bm, bm_reps, b_ok, delta: float, box: dict, fixed: dict, fitted,
+            key, cells: dict, lv: dict, reps: Replicates) -> dict:
+    """The near-optimal region of one allocation row (see `region`): the law's, the cells', and the box
+    holding both. Replicates dropped from the law's scope are left out of the law's region."""
+    ok = reps.ok(fitted.scope) if reps.K else np.zeros(0, bool)
+    qs = [None if (q is None or not ok[b]) else _full_params(q, kind)
+          for b, q in enumerate(fitted.replicate_params(key))] if reps.K else []
+    breps = None if bm_reps is None else [bm_reps[b] if b_ok[b] else None for b in range(len(bm_reps))]
+    law = regions.law_region(p, bm, delta, box, fixed, qs, breps, level=reps.level)
+    ok_cells = np.isfinite(cells["param_count"])
+    cell = regions.cell_region({k: v[ok_cells] for k, v in cells.items() if k not in ("D", "D_boot")},
+                               cells["D"][ok_cells], cells["D_boot"][:, ok_cells], delta, lv, level=reps.level)
+    return {"law": law, "cells": cell, **regions.combine(law, cell, row)}
+
+
+def _delta_sensitivity(p: dict, bm, delta: float, box: dict, fixed: dict, cells: dict, lv: dict) -> dict:
+    """Where the optimum goes if one env step costs δ×0.1 or δ×10: the law's optimum and the best measured
+    configuration (δ is the user's assumption, so the report shows how much the answer rests on it)."""
+    out = {}
+    for f in (0.1, 10.0):
+        o = alloc.optimum_numerical(p, bm, delta * f, **box, **fixed)
+        ok = np.isfinite(cells["param_count"])
+        cr = regions.cell_region({k: v[ok] for k, v in cells.items() if k not in ("D", "D_boot")}, cells["D"][ok],
+                                 np.zeros((0, int(ok.sum()))), delta * f, lv)
+        out[f"{f:g}"] = {"delta": delta * f, "law": {"sigma": o["sigma"], "N": o["N"], "at_bound": o["at_bound"]},
+                         "best_cell": cr.get("best")}
+    return out
 
 
 def _allocation_sources(de, t, de_fits, sel, out, n_lv, sigma_fits):
@@ -227,6 +272,11 @@ def _budget_laws(t: str, rows: list[dict], reps: Replicates, st: Settings, final
             continue
         F = np.array([r["F"] for r in interior])
         y = np.array([r[target] for r in interior])
+        if F.max() < MIN_F_SPAN * F.min():
+            out.append({**base, "skipped": f"the optima span only ×{F.max() / F.min():.2g} in F (a law needs "
+                                           f">= ×{MIN_F_SPAN:g}): not a budget law",
+                        "F_range": [float(F.min()), float(F.max())]})
+            continue
         c, s_ = _loglinear(F, y)
         reps_c, reps_s = np.full(reps.K, np.nan), np.full(reps.K, np.nan)
         on_edge = np.zeros(reps.K, bool)

@@ -115,15 +115,58 @@ def check_param_count(param_count) -> float | None:
     return v
 
 
+# (field, what it is, may it be unknown (NaN)): every value must otherwise be a finite number > 0
+_LEVEL_FIELDS = (("utd", "UTD ratio σ", False), ("param_count", "model size N", True),
+                 ("batch_size", "batch size B", True), ("lr", "learning rate η", True))
+
+
+def validate_levels(cs: CurveSet) -> None:
+    """One-line ValueError on configuration values no law can use: a UTD ratio σ that is missing, infinite or
+    <= 0; a model size, batch size or learning rate that is given but infinite or <= 0 (NaN = not recorded is
+    fine); model sizes known for some curves and not others (the study's size axis would be half missing);
+    env steps that are negative or not finite."""
+    if not cs.curves:
+        raise ValueError("results: no curves")
+    for field, what, may_be_nan in _LEVEL_FIELDS:
+        vals = np.array([getattr(c, field) for c in cs.curves], float)
+        bad = ~(np.isfinite(vals) & (vals > 0))
+        if may_be_nan:
+            bad &= ~np.isnan(vals)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"results: {what} ({field}) must be a finite number > 0"
+                             f"{' or missing' if may_be_nan else ''}; {int(bad.sum())} of {len(vals)} curve(s) have "
+                             f"e.g. {vals[i]:g} ({cs.curves[i].task}, {_where(cs.curves[i])})")
+    known = np.array([math.isfinite(c.param_count) for c in cs.curves])
+    if known.any() and not known.all():
+        i = int(np.flatnonzero(~known)[0])
+        raise ValueError(f"results: model size (param_count) known for {int(known.sum())} of {len(known)} curves "
+                         f"only (e.g. none for {cs.curves[i].task}, {_where(cs.curves[i])}); give every curve one "
+                         "(w<width>p<N>/ level or param_count column) or none (then --param-count N for all)")
+    for c in cs.curves:
+        st = np.asarray(c.steps, float)
+        if st.size and not (np.all(np.isfinite(st)) and st.min() >= 0):
+            raise ValueError(f"results: env steps must be finite and >= 0; {c.task} ({_where(c)}) logs "
+                             f"{st[~(np.isfinite(st) & (st >= 0))][0]:g}")
+
+
+def _where(c: Curve) -> str:
+    return f"σ={c.utd:g} N={c.param_count:.4g} B={c.batch_size:g} η={c.lr:g}"
+
+
 def load_results(path: str | Path, metric: str = "eval_return", *, param_count: float | None = None,
                  steps: str | Sequence[float] | None = None) -> CurveSet:
     """Load curves of `metric` from a tidy table file, a directory holding one, a directory of trial
     directories, or a published `.npy` curve directory. `param_count`: the one model size of a source
     that has none; `steps` ("START:EVERY"): the env steps of `.npy` arrays that hold only seed columns.
     Raises ValueError (one line) on bad input."""
-    path = Path(path)
-    n = check_param_count(param_count)
-    step_grid = parse_steps(steps)
+    cs = _load(Path(path), metric, check_param_count(param_count), parse_steps(steps))
+    validate_levels(cs)
+    return cs
+
+
+def _load(path: Path, metric: str, n: float | None, step_grid: tuple[float, float] | None) -> CurveSet:
+    """`load_results` before `validate_levels`: pick the source kind and read it."""
     if not path.exists():
         raise ValueError(f"results: {path} does not exist; pass a parquet/CSV table or a results directory")
     if path.is_dir() and any(p.name.startswith("utd_") for p in path.rglob("utd_*") if p.is_dir()):
@@ -185,6 +228,14 @@ def curves_from_table(df: pd.DataFrame, metric: str = "eval_return", source: str
         hint = "; pass param_count (--param-count N) for a single model size" if missing == ["param_count"] else ""
         raise ValueError(f"results: table lacks column(s) {missing}; the sweep table has env_steps, utd, "
                          f"param_count{hint}")
+    for col in ("env_steps", "utd", "param_count", "batch_size", "lr"):
+        if col in df.columns and not pd.api.types.is_numeric_dtype(df[col]):
+            num = pd.to_numeric(df[col], errors="coerce")
+            odd = df[col][num.isna() & df[col].notna()]
+            if len(odd):
+                raise ValueError(f"results: column {col!r} must be numeric; {len(odd)} row(s) hold e.g. "
+                                 f"{odd.iloc[0]!r}")
+            df = df.assign(**{col: num})
     df = df[np.isfinite(pd.to_numeric(df[metric], errors="coerce"))].copy()
     if df.empty:
         raise ValueError(f"metric: {metric!r} has no finite values")

@@ -109,7 +109,8 @@ def _sigma_test(selection: dict, fitted: Fitted, slopes, full: dict, const: dict
     bootstrap replicates an F test of the nested point fits at the same level decides."""
     s0, S = slopes
     reps = fitted.reps
-    S = np.where(reps.ok(fitted.scope), S, np.nan) if len(S) else S
+    # no replicates in use (e.g. one seed: K = 0) -> no slope replicates either, whatever the D_J bootstrap holds
+    S = np.where(reps.ok(fitted.scope), S, np.nan) if reps.K and len(S) else S[:0]
     iv = fitting.interval(s0, S, None, level=reps.level, inflation=fitted.inflation, log=False, n_total=reps.K,
                           reason=reps.reason)
     selection["sigma_slope"] = iv

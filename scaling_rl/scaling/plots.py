@@ -587,6 +587,23 @@ def _mask_outside(ax, box, view) -> None:
     ax.add_patch(Rectangle((s0, n0), s1 - s0, n1 - n0, fill=False, ls="--", lw=1.0, ec="0.3", zorder=2))
 
 
+REGION_STYLES = (("5%", "-"), ("1%", ":"))
+
+
+def _draw_regions(ax, row: dict, color) -> int:
+    """The near-optimal regions (5%, 1%) of one allocation row as rectangles in (σ, N); returns how many."""
+    n = 0
+    for k, ls in REGION_STYLES:
+        reg = (row.get("region") or {}).get(k)
+        if not reg or "sigma" not in reg or "N" not in reg:
+            continue
+        (s0, s1), (n0, n1) = reg["sigma"], reg["N"]
+        ax.add_patch(Rectangle((s0, n0), s1 - s0, n1 - n0, fill=False, ec="C1", lw=1.6, ls=ls,
+                                                  zorder=5, gid=f"region-{k}"))
+        n += 1
+    return n
+
+
 def draw_contours(fit: dict):
     """Iso-D_J contours over each task's own (σ, N) range for its hardest fitted threshold, the sweep
     grid, and the budget-optimal (σ*, N*) of every threshold with intervals (the compute-optimal path).
@@ -650,6 +667,7 @@ def draw_contours(fit: dict):
         if len(shown) > 1:
             ax.plot([_num(r["sigma"]) for r in shown], [_num(r["N"]) for r in shown], color="C3", lw=1.2, ls="--",
                     zorder=3)
+        n_regions = _draw_regions(ax, trows[-1], colors[trows[-1].get("j_index", 0) % len(colors)])
         if missing:
             ax.text(0.02, 0.98, "optimum beyond " + ("the sweep" if K == 1 else f"×{K:g} of the sweep") + ": "
                     + ", ".join(missing), transform=ax.transAxes, va="top", fontsize=7,
@@ -669,6 +687,8 @@ def draw_contours(fit: dict):
         if any(_flag(r) for r in shown):
             handles.append(Line2D([], [], color="grey", marker="*", ms=9, mfc="white", ls="",
                                   label="extrapolated / on the box edge"))
+        handles += [Line2D([], [], color="C1", ls=ls, lw=1.6, label=f"within {k} of the least budget, "
+                           + _j_text(fit, task, trows[-1].get("j_index", 0))) for k, ls in REGION_STYLES[:n_regions]]
         _level_ticks(ax, s_lv, "x")
         _level_ticks(ax, n_lv, "y")
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, framealpha=0.85,

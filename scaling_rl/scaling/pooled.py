@@ -13,7 +13,14 @@ recomputes every optimum and refits σ*(F) — one resample for every quantity. 
 undefined (a cell censored in that resample), whose refit fails, or whose optimum sits on the search box's
 edge is a failure; failures are counted and more than `fitting.MAX_FAIL` of them withhold the interval.
 A threshold is pooled only where every (σ, N) cell of every task reached it (a median over the cells
-that happen to reach J would be biased low); the others are listed as skipped.
+that happen to reach J would be biased low); the others are listed as skipped. For the same reason the pool is
+the (σ, N) cells that every task has; a cell swept for some tasks only is left out, with a note.
+
+One model size (the design of the value-scaling paper's pooled σ*(F): a curve directory without a
+`w<width>p<N>/` level, given `--param-count N`): the σ-only law D̃_J(σ) = D̃_min·(1 + (a/σ)^α) is pooled, σ* is
+optimised at that fixed N, and σ*(F) is fitted where ≥ 3 interior optima span ≥ `MIN_F_SPAN` in F. Without any
+model size the pooled D̃_J(σ) law is still fitted, but compute (10·N·B·σ·D) cannot be counted: the allocation is
+skipped and `allocation.reason` says why.
 """
 from __future__ import annotations
 
@@ -24,11 +31,14 @@ import numpy as np
 
 from . import allocation as alloc
 from . import fitting, laws
+from .allocation_fits import MIN_F_SPAN
 from .analysis import Settings, _replicates, fit_with_bootstrap
 from .curves import data_efficiency
 from .data import CurveSet
 
 SCOPE = "pooled"
+NO_N_REASON = ("no model size known (no w<width>p<N>/ level, no param_count column, no --param-count): compute "
+               "C = 10·N·B·σ·D cannot be counted, so σ*, F* and σ*(F) are not computed; pass --param-count N")
 
 
 def _median_normalise(vals: np.ndarray, tasks: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
@@ -74,31 +84,43 @@ def pooled_fit(cs: CurveSet, settings: Settings | None = None,
     g = de.groups
     tasks_all = g["task"].to_numpy().astype(str)
     utd, N = g["utd"].to_numpy(float), g["param_count"].to_numpy(float)
-    levels = {t: sorted(set(utd[tasks_all == t])) for t in cs.tasks}
+    # the median of task t is over its (σ, N) cells: it removes the task's scale only if every task has the same
+    # cells, so the pool is the cells every task has (the others are listed, not silently mixed in)
+    cell = [(float(u), float(n)) for u, n in zip(utd, np.where(np.isfinite(N), N, -1.0))]
+    common = set.intersection(*({c for c, t in zip(cell, tasks_all) if t == task} for task in cs.tasks))
+    in_pool = np.array([c in common for c in cell], bool)
+    levels = {t: sorted(set(utd[in_pool & (tasks_all == t)])) for t in cs.tasks}
     if any(len(v) < 2 for v in levels.values()):
-        raise ValueError("--pool-tasks: every task needs at least 2 UTD ratios σ; " +
-                         ", ".join(f"{t}: {len(v)}" for t, v in levels.items()))
+        raise ValueError("--pool-tasks: every task needs at least 2 UTD ratios σ in the (σ, N) cells all tasks share; "
+                         + ", ".join(f"{t}: {len(v)}" for t, v in levels.items()))
     n_known = bool(np.all(np.isfinite(N)))
-    n_levels = sorted(set(N)) if n_known else []
+    n_levels = sorted(set(N[in_pool])) if n_known else []
     law = laws.DATA_EFFICIENCY_SIGMA_N if len(n_levels) >= 2 else laws.DATA_EFFICIENCY_SIGMA_ONLY
     bm, delta, delta_source = _batch_and_delta(de, st) if n_known else (None, float("nan"), "")
-    box = {"sigma_range": (float(utd.min()), float(utd.max()))}
+    box = {"sigma_range": (float(utd[in_pool].min()), float(utd[in_pool].max()))}
     fixed = {}
     if n_known:
         box["n_range"] = (float(min(n_levels)), float(max(n_levels)))
         if len(n_levels) == 1:
             fixed = {"fix_n": n_levels[0]}
     else:
-        notes.append("pooled: no model size (param_count) known: no compute-optimal σ* (pass --param-count N)")
+        notes.append("pooled: " + NO_N_REASON + (f" (--delta {st.delta:g} is unused)" if st.delta is not None else ""))
+    dropped = sorted({(t, c) for t, c in zip(tasks_all, cell) if c not in common})
+    if dropped:
+        notes.append(f"pooled: {len(dropped)} (task, σ, N) cell(s) not swept for every task are left out of the pool "
+                     "(a task's median must be over the same cells as the others'): " +
+                     ", ".join(f"{t} σ={c[0]:g}" for t, c in dropped[:8]) +
+                     (" ..." if len(dropped) > 8 else ""))
     out = {"law": law.name, "formula": law.formula, "tasks": list(cs.tasks), "normalization": "median D_J per task",
            "thresholds": {t: v.tolist() for t, v in de.thresholds.items()}, "delta": delta,
            "delta_source": delta_source, "batch_model": bm.to_dict() if bm else None, "per_threshold": [],
-           "skipped": [], "notes": notes}
+           "skipped": [], "notes": notes, "n_cells": len(common),
+           "allocation": {"computed": True} if n_known else {"computed": False, "reason": NO_N_REASON}}
     K = reps.K
     opt_rows = []
     for j in range(de.n_thresholds):
-        idx, y, Y = de.fit_data(j)
-        complete = {t: int((tasks_all[idx] == t).sum()) == int((tasks_all == t).sum()) for t in cs.tasks}
+        idx, y, Y = de.fit_data(j, in_pool)
+        complete = {t: int((tasks_all[idx] == t).sum()) == int((in_pool & (tasks_all == t)).sum()) for t in cs.tasks}
         if not all(complete.values()):
             out["skipped"].append({"j_index": j, "reason": "not every (σ, N) cell of "
                                    + ", ".join(t for t, c in complete.items() if not c) + " reaches this threshold"})
@@ -108,7 +130,8 @@ def pooled_fit(cs: CurveSet, settings: Settings | None = None,
         Yn, med_b = _median_normalise(Y, tk) if K else (None, {})
         Yj = de.fit_data_jack(j, idx)
         Yjn = _median_normalise(Yj, tk)[0] if len(Yj) else None
-        x = {"utd": utd[idx]} if law is laws.DATA_EFFICIENCY_SIGMA_ONLY else {"utd": utd[idx], "param_count": N[idx]}
+        # every D_J law takes (utd, param_count); the σ-only one ignores N, which may then be unknown (NaN)
+        x = {"utd": utd[idx], "param_count": N[idx]}
         try:
             fitted = fit_with_bootstrap(law, x, yn, Yn, st, reps, f"pooled D_J(σ,N) j={j}", Yj=Yjn, scope=SCOPE)
         except ValueError as e:
@@ -137,7 +160,7 @@ def pooled_fit(cs: CurveSet, settings: Settings | None = None,
         raise ValueError("--pool-tasks: no threshold is reached by every (σ, N) cell of every task: nothing to pool "
                          "(choose lower --thresholds)")
     say("pooled: intervals")
-    out["sigma_law"] = _sigma_law(opt_rows, reps) if n_known else {"reason": "no model size known"}
+    out["sigma_law"] = _sigma_law(opt_rows, reps) if n_known else {"formula": "σ*(F) = k·F^e", "reason": NO_N_REASON}
     for row in out["per_threshold"]:  # after every fit registered its failures
         fitted = row.pop("_fitted")
         row["fit"] = fitted.record()
@@ -196,6 +219,12 @@ def _sigma_law(rows: list[dict], reps) -> dict:
         return res
     F = [r["optimum"]["F"] for r in use]
     S = [r["optimum"]["sigma"] for r in use]
+    res["F_range"] = [float(min(F)), float(max(F))]
+    if max(F) < MIN_F_SPAN * min(F):
+        res["reason"] = (f"the optima span only ×{max(F) / min(F):.2g} in F (a law needs >= ×{MIN_F_SPAN:g}): "
+                         "not a budget law")
+        res["points"] = [{"F": f, "sigma": s} for f, s in zip(F, S)]
+        return res
     c, e = _loglinear(F, S)
     res.update(k=math.exp(c), e=e, points=[{"F": f, "sigma": s} for f, s in zip(F, S)])
     kb, eb = np.full(reps.K, np.nan), np.full(reps.K, np.nan)
@@ -214,16 +243,19 @@ def _sigma_law(rows: list[dict], reps) -> dict:
 def render_pooled(res: dict) -> str:
     """pooled.md: the pooled law per threshold, the optima and σ*(F), every number with its interval or
     the reason it has none (the report's own `_ci` formatting)."""
-    from .report import _ci, _g
+    from .report import _FOOTNOTES, _ci, _g
+    _FOOTNOTES.clear()   # `_ci` numbers each reason an interval is withheld; they are listed at the end
+    pnames = ["D̃_min", "a", "α", "b", "β"][:5 if res["law"] == laws.DATA_EFFICIENCY_SIGMA_N.name else 3]
+    cols = ["j", "thresholds", "medians (env steps)", *pnames, "R² (log)", "σ*", "N*", "F*"]
+    alloc_ok = res.get("allocation", {}).get("computed", True)
+    budget = (f"Optima use D̃ × the geometric mean of the task medians, δ = {_g(res['delta'])} FLOPs per env step "
+              f"({res['delta_source'] or '–'})." if alloc_ok else
+              f"**Allocation skipped**: {res['allocation']['reason']}.")
     lines = [f"# Pooled-task fit ({len(res['tasks'])} tasks: {', '.join(res['tasks'])})", "",
-             f"Each task's D_J divided by its median D_J over the (σ, N) cells; one law fitted to all tasks: "
-             f"`{res['formula']}` (D̃ dimensionless). Optima use D̃ × the geometric mean of the task medians, "
-             f"δ = {_g(res['delta'])} FLOPs per env step ({res['delta_source'] or '–'}). Intervals: seed "
+             f"Each task's D_J divided by its median D_J over the {res.get('n_cells', '')} (σ, N) cells every task "
+             f"has; one law fitted to all tasks: `{res['formula']}` (D̃ dimensionless). {budget} Intervals: seed "
              f"bootstrap, {res['bootstrap']['n']} resamples, {res['bootstrap']['n_ok']} ok in every fit.", "",
-             "| j | thresholds | medians (env steps) | " + " | ".join(
-                 ["D̃_min", "a", "α", "b", "β"][:5 if res["law"] == laws.DATA_EFFICIENCY_SIGMA_N.name else 3])
-             + " | R² (log) | σ* | N* | F* |", "|" + "---|" * (11 if res["law"] == laws.DATA_EFFICIENCY_SIGMA_N.name
-                                                               else 9)]
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in res["per_threshold"]:
         p = r["fit"]["params"]
         iv = r.get("intervals", {})
@@ -237,11 +269,15 @@ def render_pooled(res: dict) -> str:
     lines += ["", "## σ*(F) across thresholds", ""]
     if "intervals" in sl:
         lines.append(f"σ*(F) = k·F^e: e = {_ci(sl['intervals']['e'])}, k = {_ci(sl['intervals']['k'])} "
-                     f"(thresholds {sl['thresholds_used']}; replicates with an optimum on the box edge counted as "
-                     f"failed: {sl['n_failed']})")
+                     f"(thresholds {sl['thresholds_used']}, F from {_g(sl['F_range'][0])} to {_g(sl['F_range'][1])}; "
+                     f"replicates with an optimum on the box edge counted as failed: {sl['n_failed']})")
     else:
         lines.append(f"σ*(F): not fitted ({sl.get('reason')})")
+        if sl.get("points"):
+            lines.append("optima: " + ", ".join(f"σ* {_g(q['sigma'])} at F {_g(q['F'])}" for q in sl["points"]))
     lines += ["", "## Notes", ""] + [f"- {n}" for n in res["notes"]]
+    if _FOOTNOTES:
+        lines += ["", "## Footnotes", ""] + [f"[{i}] {why}" for why, i in _FOOTNOTES.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -60,16 +60,24 @@ def _g(v, digits: int = 3) -> str:
     return str(v)
 
 
+_FOOTNOTES: dict[str, int] = {}   # reason -> footnote number, filled while one report renders
+
+
+def _footnote(why: str) -> str:
+    """The footnote number of a reason (a repeated reason is one footnote)."""
+    return str(_FOOTNOTES.setdefault(str(why), len(_FOOTNOTES) + 1))
+
+
 def _ci(p: dict) -> str:
     """A quantity as the report prints it: "est [lo, hi]" (BCa intervals marked ᵇ), "est (no interval:
     why)", or "not identified (why)" — a parameter the data cannot pin down is never a number."""
     if p is None:
         return "–"
     if p.get("not_identified"):
-        return f"not identified ({p['not_identified']})"
+        return f"not identified [{_footnote(p['not_identified'])}]"
     if p.get("lo") is None or p.get("hi") is None:
         why = p.get("reason")
-        return f"{_g(p['estimate'], 4)} (no interval{': ' + why if why else ''})"
+        return f"{_g(p['estimate'], 4)} (no interval{' [' + _footnote(why) + ']' if why else ''})"
     mark = ("ᵇ" if p.get("method") == "BCa" else "") + ("ʷ" if p.get("widened_for_lack_of_fit") else "") + (
         " (interval cut at the searched box)" if p.get("clipped_to_box") else "")
     return f"{_g(p['estimate'], 4)} [{_g(p['lo'])}, {_g(p['hi'])}]{mark}"
@@ -145,13 +153,124 @@ def _optimum_cell(r: dict, ax: str) -> str:
     return _ci(iv) + (" (extrapolated)" if r.get("extrapolated", {}).get(ax) else "")
 
 
+# ---- the two-minute summary ---------------------------------------------------------------------
+
+def _raw(fit: dict, task: str, J: float) -> float:
+    """A threshold in the metric's own units (J is normalised when the fit normalised per task)."""
+    lo, hi = fit["normalization"][task]
+    return lo + J * (hi - lo) if fit["settings"]["normalize"] == "task" else J
+
+
+def _rng(v: list | None, digits: int = 3) -> str:
+    if not v:
+        return "–"
+    return _g(v[0], digits) if abs(v[1] / v[0] - 1) < 1e-6 else f"[{_g(v[0], digits)}, {_g(v[1], digits)}]"
+
+
+def _region_text(r: dict, key: str = "5%") -> str:
+    reg = (r.get("region") or {}).get(key)
+    if not reg:
+        return "no region (no law and no measured configuration reaches J)"
+    t = ", ".join(f"{name} {'∈' if _rng(reg[ax]).startswith('[') else '='} {_rng(reg[ax])}"
+                  for ax, name in (("sigma", "σ"), ("N", "N"), ("B", "B")) if reg.get(ax))
+    if reg.get("agree") is False:
+        best = r["region"]["cells"]["best"]
+        t += (f" — the law and the measured cells DISAGREE (law σ* {_g(r['sigma'])}, N* {_g(r['N'])}; best measured "
+              f"σ {_g(best['sigma'])}, N {_g(best['N'])}, B {_g(best['B'])}): the law misdescribes the data near the "
+              "optimum, the region holds both")
+    return t
+
+
+def _ten_x(fit: dict, rows: list[dict]) -> str:
+    """The 10× question from the per-threshold optima: inside their budget range, what 10× the budget of the
+    cheapest threshold reaches and where; else what to sweep next."""
+    rows = sorted(rows, key=lambda r: r["F"])
+    F0 = rows[0]["F"]
+    Fmax = rows[-1]["F"]
+    edges = sorted({f"{ {'sigma': 'σ', 'N': 'N'}[ax]} {'upward' if e == 'upper' else 'downward'}"
+                    for r in rows for ax, e in (r.get("edge") or {}).items()})
+    if 10 * F0 <= Fmax * (1 + 1e-9):
+        lF = np.log([r["F"] for r in rows])
+        x = math.log(10 * F0)
+        k = int(np.searchsorted(lF, x))
+        r = rows[min(k, len(rows) - 1)]
+        return (f"**10× the budget** of the lowest threshold ({_g(F0)} → {_g(10 * F0)} FLOPs) reaches about "
+                f"J = {_g(float(np.interp(x, lF, [q['threshold'] for q in rows])))}; near-optimal there (J = "
+                f"{_g(r['threshold'])}): {_region_text(r)}.")
+    nxt = ("extend " + ", ".join(edges) + "; " if edges else "")
+    return (f"**10× the budget** ({_g(10 * F0)} FLOPs) is outside what this sweep measured (its optima span "
+            f"×{_g(Fmax / F0)} in F): to answer it, {nxt}run longer (more env steps) so that higher thresholds are "
+            "reached by most cells, and sweep the larger σ/N that the region points to.")
+
+
+def summary_lines(fit: dict) -> list[str]:
+    """The report's first block (at most ~10 lines): the thresholds in the metric's units and what they
+    mean, the near-optimal region per threshold, the 10× answer (or what to sweep next), how the answer
+    moves with δ, and where more seeds would pay."""
+    al = fit.get("allocation") or {}
+    L = ["## Summary", ""]
+    if "delta" in al:
+        L.append(f"- Budget F = C + δ·D with C = 10·N·B·σ·D and δ = {_g(al['delta'])} FLOPs per env step ("
+                 + ("given" if al.get("delta_source") == "user" else "**assumed**: the sweep's median 10·N·B·σ; "
+                    "pass --delta, the cost of one env step in your setting") + ").")
+    for t in fit["tasks"]:
+        lo, hi = fit["normalization"][t]
+        thr = fit["thresholds"][t]
+        if fit["settings"]["normalize"] == "task":
+            L.append(f"- {t}: thresholds J = " + ", ".join(f"{_g(_raw(fit, t, j), 4)} ({100 * j:.0f}%)" for j in thr)
+                     + f" in `{fit['metric']}` (% of the way from the worst, {_g(lo, 4)}, to the best seed-mean "
+                     f"value, {_g(hi, 4)}, in the sweep).")
+        else:
+            L.append(f"- {t}: thresholds J = " + ", ".join(_g(j, 4) for j in thr) + f" in `{fit['metric']}`.")
+    rows = [r for r in al.get("per_threshold", []) if r.get("region")]
+    if al.get("skipped") or not rows:
+        L.append(f"- No allocation: {al.get('skipped') or 'no law or measured configuration supports one'}.")
+        return L + [""]
+    for t in fit["tasks"]:
+        tr = sorted((r for r in rows if r["task"] == t), key=lambda r: r["threshold"])
+        if not tr:
+            continue
+        show = tr if len(tr) <= 3 else [tr[0], tr[len(tr) // 2], tr[-1]]
+        for r in show:
+            L.append(f"- {t}, J = {_g(_raw(fit, t, r['threshold']), 4)}: within 5% of the least budget "
+                     f"(F* ≈ {_g(r['F'])} FLOPs): {_region_text(r)}.")
+        L.append("- " + _ten_x(fit, tr))
+        ds = tr[-1].get("delta_sensitivity") or {}
+        if ds:
+            L.append(f"- δ moves the answer (J = {_g(_raw(fit, t, tr[-1]['threshold']), 4)}): " + "; ".join(
+                f"δ×{k}: law σ* {_g(v['law']['sigma'])}, N* {_g(v['law']['N'])}"
+                + (" (edge)" if v["law"]["at_bound"] else "")
+                + (f", best cell σ {_g(v['best_cell']['sigma'])}, N {_g(v['best_cell']['N'])}, "
+                   f"B {_g(v['best_cell']['B'])}" if v.get("best_cell") else "") for k, v in ds.items()) + ".")
+        und = {(c["sigma"], c["N"], c["B"]): c for r in tr for c in
+               ((r["region"].get("cells") or {}).get("5%") or {}).get("undecided", [])}
+        if und:
+            cs_ = sorted(und.values(), key=lambda c: abs(c["share"] - 0.5))[:3]
+            L.append("- More seeds would pay at " + "; ".join(
+                f"σ {_g(c['sigma'])}, N {_g(c['N'])}, B {_g(c['B'])}" for c in cs_)
+                + ": the seed resamples split on whether these are near-optimal.")
+        else:
+            L.append("- More seeds: every measured configuration is clearly in or out of the near-optimal region; "
+                     "more seeds would mainly narrow the law's intervals.")
+    return L + [""]
+
+
 def render_report(fit: dict, figures: list[str] | None = None) -> str:
-    """The markdown report."""
+    """The markdown report: the summary first, then the details (footnotes for withheld intervals)."""
+    _FOOTNOTES.clear()
+    body = _render_details(fit, figures)
+    L = [f"# Scaling-law fit: `{fit['metric']}`", ""] + summary_lines(fit) + [body]
+    if _FOOTNOTES:
+        L += ["## Footnotes", ""] + [f"[{i}] {why}" for why, i in _FOOTNOTES.items()] + [""]
+    return "\n".join(L)
+
+
+def _render_details(fit: dict, figures: list[str] | None = None) -> str:
     st = fit["settings"]
     lvl = int(round(100 * st["level"]))
     bs = fit.get("bootstrap") or {}
     mode = {"seed": "seed bootstrap", "none": "none"}.get(bs.get("mode"), "?")
-    L = [f"# Scaling-law fit: `{fit['metric']}`", "",
+    L = ["## Details", "",
          f"Source: `{fit['source']}`  ", f"Tasks: {', '.join(fit['tasks'])}  ",
          "Levels: " + "; ".join(f"{k} = {', '.join(_g(v) for v in vs)}" for k, vs in fit["levels"].items() if vs) + "  ",
          f"Intervals: {lvl}% — {mode}, {bs.get('n', 0)} resamples; replicates ok: "
@@ -266,6 +385,26 @@ def render_report(fit: dict, figures: list[str] | None = None) -> str:
         L += ["", "σ only / N only: keep the other axis at the optimum of the lowest J and scale just one; "
               "the factor is the extra budget needed. An optimum on the edge of the searched box is not an "
               "optimum: the sweep must be extended in that direction.", ""]
+    reg_rows = [r for r in rows if r.get("region")]
+    if reg_rows:
+        L += ["### Near-optimal regions", "",
+              "Allocations whose budget is within 1% / 5% of the least one, as a confidence set: an allocation is "
+              f"left out only if it is ε-near-optimal in fewer than {(1 - st['level']) / 2:.0%} of the seed-bootstrap "
+              "replicates. *law*: on the fitted D_J(σ, N) over the searched box; *cells*: on the measured "
+              "configurations' own D_J (no law), each axis reaching halfway to the next swept level (the grid's "
+              "resolution); *region*: the box holding both.", "",
+              "| task | J | ε | region σ | region N | region B | law σ | law N | cells σ | cells N | cells B | agree |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in reg_rows:
+            for k in ("1%", "5%"):
+                g_ = r["region"].get(k) or {}
+                lw = (r["region"].get("law") or {}).get(k) or {}
+                ce = (r["region"].get("cells") or {}).get(k) or {}
+                agree = {True: "yes", False: "**no**"}.get(g_.get("agree"), "–")
+                L.append(f"| {r['task']} | {_g(r['threshold'])} | {k} | {_rng(g_.get('sigma'))} | {_rng(g_.get('N'))} | "
+                         f"{_rng(g_.get('B'))} | {_rng(lw.get('sigma'))} | {_rng(lw.get('N'))} | "
+                         f"{_rng(ce.get('sigma'))} | {_rng(ce.get('N'))} | {_rng(ce.get('B'))} | {agree} |")
+        L.append("")
     if al.get("power_laws"):
         L += ["### Budget scaling across thresholds", "",
               "y* = y_ref·(F/F_ref)^s, F_ref = geometric mean of the fitted optima's budgets (A = y at F = 1 FLOP "
