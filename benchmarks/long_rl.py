@@ -13,7 +13,11 @@ the G full sequences. Variants:
   cache+sp  P forked gloo processes; each encodes 1/P of the frames (all-gathered), samples G/P
             rollouts, and the two log-prob passes are sequence-parallel (MR-SP stage 2)
 
-The training forward/backward is not in the step (the SP pass here carries no gradient). Each
+With `--train`, the measured step is instead the training forward + backward of one minibatch
+of the G rollouts (the frame encoder frozen, as in GRPO; a weighted sum of the completion
+log-probs as the loss): `train` in one process (`video_logprobs`) vs `train+sp` on P workers
+(`sp_completion_logprobs(grad=True)`, backward, `all_reduce_grads`). The trainer itself still
+runs its update in one process. Each
 configuration runs in freshly forked processes; "peak MiB" is the largest per-worker rise of the
 resident set during the step over its resident set just before it (ru_maxrss - RSS before; the
 allocator is set to return every block >= 64 KiB to the OS, so this tracks live tensors).
@@ -104,13 +108,48 @@ def _step(rank, world, model, frames, variant, G, eos, pad, question, reps):
     return min(times), max(0, peak - before) / 1024, enc.flops(len(frames))
 
 
+def _train_step(rank, world, model, frames, variant, G, question, reps):
+    """One training forward + backward on this rank; (fastest seconds, peak MiB above the start)."""
+    _malloc_returns_large_blocks()
+    from scaling_rl.llm.seq_parallel import all_reduce_grads
+    model.frame_encoder.requires_grad_(False)
+    comp = torch.randint(3, 20, (G, 4), generator=torch.Generator().manual_seed(0))
+    weights = torch.randn(comp.shape, generator=torch.Generator().manual_seed(1))
+
+    def once():
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            tokens = model.encode_frames(frames[None])[0]
+        if variant == "train+sp":
+            pieces = video_pieces(model, tokens, question, G)
+            logp = sp_completion_logprobs(model, pieces, comp, grad=True)
+        else:
+            prefix = model.prefix_embeds(tokens[None].expand(G, -1, -1), question)
+            logp, _ = video_logprobs(model, prefix, comp)
+        (logp * weights).sum().backward()
+        all_reduce_grads(model)
+
+    once()
+    before = _rss_kib()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - t0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return min(times), max(0, peak - before) / 1024, 0
+
+
 def measure(model, task, n_frames, variant, world, G, reps):
     tok = char_tokenizer()
     problem = task.problems("train", 1, seed=0)[0]
     frames = torch.from_numpy(task.video(problem))
     question = torch.tensor(tok(QUESTION, add_special_tokens=False)["input_ids"])
-    out = launch(_step, world, model, frames, variant, G, tok.eos_token_id, tok.pad_token_id,
-                 question, reps)
+    if variant.startswith("train"):
+        out = launch(_train_step, world, model, frames, variant, G, question, reps)
+    else:
+        out = launch(_step, world, model, frames, variant, G, tok.eos_token_id, tok.pad_token_id,
+                     question, reps)
     return max(o[0] for o in out), max(o[1] for o in out), out[0][2]
 
 
@@ -126,6 +165,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--cap-mib", type=float, default=0.0,
                     help="per-worker memory cap (0: the cache variant's peak at the middle length)")
+    ap.add_argument("--train", action="store_true",
+                    help="measure a training forward + backward instead (train vs train+sp)")
     a = ap.parse_args(argv)
     if a.world < 2 or a.group < a.world or any(f < 8 for f in a.frames):
         print("long_rl: need --world >= 2, --group >= --world and frames >= 8", file=sys.stderr)
@@ -140,6 +181,8 @@ def main(argv=None) -> int:
           f"G={a.group}, P={a.world}, torch threads 1 per process, {os.cpu_count()} CPUs")
     rows = []
     frames = sorted(a.frames)
+    if a.train:
+        return _train_table(model, frames, a)
     for n in frames:
         task = VideoCountTask(frames=n, frame_dim=a.frame_dim)
         for variant, world in (("naive", 1), ("cache", 1), ("cache+sp", a.world)):
@@ -189,6 +232,19 @@ def main(argv=None) -> int:
     g = a.group
     print(f"encoder FLOPs per step: naive {3 * g} encodings, cache 1 ({3 * g - 1} saved per video), "
           f"cache+sp 1 split over {a.world} workers")
+    return 0
+
+
+def _train_table(model, frames, a) -> int:
+    print(f"training forward + backward of G={a.group} rollouts (encoder frozen), fastest of {a.reps}; "
+          f"peak MiB per worker above the resident set before the step")
+    print(f"{'frames':>7} {'MiB train':>10} {'MiB train+sp':>13} {'sp/train MiB':>13} {'step sp/train':>14}")
+    for n in frames:
+        task = VideoCountTask(frames=n, frame_dim=a.frame_dim)
+        t1, m1, _ = measure(model, task, n, "train", 1, a.group, a.reps)
+        tp, mp, _ = measure(model, task, n, "train+sp", a.world, a.group, a.reps)
+        print(f"{n:7d} {m1:10.1f} {mp:13.1f} " + (f"{mp / m1:13.2f}" if m1 > 0.5 else f"{'n/a':>13}")
+              + f" {tp / t1:14.2f}", flush=True)
     return 0
 
 

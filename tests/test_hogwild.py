@@ -162,15 +162,27 @@ def test_bad_inputs_are_refused(policy):
         _gen(policy, workers=2, headers=[[5]])
     from scaling_rl.llm.trainer import GRPOConfig
     with pytest.raises(ValueError, match="hogwild_workers"):
-        GRPOConfig(rollout="hogwild", group_size=8, hogwild_workers=3)
+        GRPOConfig(rollout="hogwild", objective="tis", group_size=8, hogwild_workers=3)
     with pytest.raises(ValueError, match="hogwild_layout"):
-        GRPOConfig(rollout="hogwild", hogwild_layout="x")
+        GRPOConfig(rollout="hogwild", objective="tis", hogwild_layout="x")
     model.config.model_type, kind = "gpt2", model.config.model_type
     try:
         with pytest.raises(ValueError, match="not supported"):
             hogwild.SharedCache(model, ids, mask, workers=2, capacity=4)
     finally:
         model.config.model_type = kind
+
+
+def test_hogwild_needs_an_objective_that_corrects_for_the_shared_context():
+    """Plain grpo would take the prompt-only log-probs as the sampling policy's: refused."""
+    from scaling_rl.llm.trainer import GRPOConfig
+    with pytest.raises(ValueError, match=r"^objective: 'grpo' cannot train on hogwild rollouts"):
+        GRPOConfig(rollout="hogwild")
+    with pytest.raises(ValueError, match="objective: 'grpo'"):
+        GRPOConfig(rollout="hogwild", objective="grpo", num_iterations=2)
+    for objective in hogwild.OFF_POLICY_OBJECTIVES:
+        assert GRPOConfig(rollout="hogwild", objective=objective).objective == objective
+    assert GRPOConfig(rollout="sync").objective == "grpo"          # elsewhere grpo stays the default
 
 
 def test_rollout_hogwild_trains_with_behaviour_logprobs(tmp_path):
@@ -180,15 +192,29 @@ def test_rollout_hogwild_trains_with_behaviour_logprobs(tmp_path):
                      sft_steps=0, steps=2, prompts_per_step=2, group_size=4, eval_problems=4,
                      eval_every=2, checkpoint_every=2)
     trainer = GRPOTrainer(cfg, tmp_path)
-    pulled = []
+    pulled, seen = [], []
     try:
         trainer.setup()
         assert type(trainer.source).__name__ == "HogwildSource"
         pull = trainer.source.pull
         trainer.source.pull = lambda: pulled.append(pull()) or pulled[-1]
+        objective = trainer.policy_objective
+
+        def spy(logp, prox, behav, *rest):
+            seen.append((logp.detach().clone(), prox.clone(), behav.clone()))
+            return objective(logp, prox, behav, *rest)
+        trainer.policy_objective = spy
         df = trainer.train()
     finally:
         trainer.close()
+    # the objective's behaviour log-probs are the shared-context ones recorded at sampling time,
+    # not the prompt-only scores the trainer computes (those are the proximal / current policy)
+    assert len(seen) == 2
+    for (logp, prox, behav), data in zip(seen, pulled):
+        m = data["batch"].completion_mask.bool()
+        assert torch.equal(behav, data["batch"].logp)
+        torch.testing.assert_close(prox, logp)
+        assert float((behav - logp)[m].abs().max()) > 1e-3
     assert list(df["step"]) == [0, 1, 2] and np.isfinite(df["loss"].iloc[1:]).all()
     for step, data in enumerate(pulled):
         batch = data["batch"]
@@ -214,3 +240,25 @@ def test_rollout_hogwild_resumes_to_the_same_numbers(tmp_path):
     cols = ["reward", "loss", "rollouts", "eval/accuracy"]
     assert list(resumed["step"]) == [0, 1, 2]
     pd.testing.assert_frame_equal(full[cols], resumed[cols])
+
+
+@pytest.mark.parametrize("layout", hogwild.LAYOUTS)
+def test_a_step_reads_only_written_slots(policy, layout):
+    """Unwritten block and history slots hold NaN: a step that attended over the whole capacity
+    (a 0 weight times a NaN value is NaN) would return NaN; one over the written slots returns the
+    clean cache's logits exactly."""
+    model, tok, ids, mask = policy
+    W, steps = 3, 5
+    caches = [hogwild.SharedCache(model, ids, mask, workers=W, capacity=12, layout=layout,
+                                  step_tokens=2) for _ in range(2)]
+    for group in (caches[1].wk, caches[1].wv, caches[1].hk, caches[1].hv):
+        for x in group:
+            x.fill_(float("nan"))
+    rng = np.random.default_rng(1)
+    with torch.inference_mode():
+        for _ in range(steps):
+            tokens = torch.as_tensor(rng.integers(3, len(tok), size=(2, W)))
+            write = torch.ones(2, W, dtype=torch.bool)
+            clean, poisoned = caches[0].step(tokens, write), caches[1].step(tokens, write)
+            assert torch.isfinite(poisoned).all()
+            torch.testing.assert_close(poisoned, clean, atol=0, rtol=0)

@@ -2,6 +2,7 @@
 resume from a checkpoint, and bad GRPO specs refused with exit 2 before anything is written."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -120,3 +121,35 @@ def test_non_finite_loss_marks_the_trial_diverged(tmp_path, monkeypatch):
     assert "loss non-finite" in st["error"]
     df = pd.read_parquet(store.trial_dir(tid) / "metrics.parquet")
     assert list(df["chunk"]) == [0, 1] and df["loss"].isna().tolist() == [True, True]
+
+
+VIDEO = dict(multimodal="video", frames=24, frame_dim=8, frame_encoder_hidden=16, hidden_size=32,
+             sft_steps=2, sft_batch_size=8, steps=1, prompts_per_step=2, group_size=4,
+             eval_problems=4, train_pool=16, checkpoint_every=1, eval_every=1)
+
+
+def test_a_video_trial_trains_the_video_policy(tmp_path):
+    """The trial kind dispatches as `scaling-rl grpo` does: multimodal=video runs VideoGRPOTrainer
+    (video base model, encoder-FLOP columns, the encoder counted in N), with the divergence check."""
+    from scaling_rl.llm import grpo_run, sweep
+    from scaling_rl.llm.multimodal import VideoLM
+    from scaling_rl.llm.trainer import GRPOConfig, GRPOTrainer
+    from scaling_rl.llm.video_grpo import VideoGRPOTrainer
+
+    df = sweep.run(VIDEO, str(tmp_path), seeds=1, seed=0)
+    base, _ = load_policy(str(tmp_path / "seed_0" / "base_model"))
+    assert isinstance(base, VideoLM) and base.config.frame_dim == 8
+    rows = df[df.chunk == 1]
+    per_step = VIDEO["prompts_per_step"] * VIDEO["group_size"]
+    assert list(df["env_steps"]) == [0, per_step]
+    # one encoding of each of the 2 videos (24 frames) per step
+    assert int(rows["encoder_flops"].iloc[0]) == 2 * base.frame_encoder.flops(24)
+    assert int(rows["encoder_flops_saved"].iloc[0]) > 0
+    n = sweep.param_count(dataclasses.asdict(GRPOConfig.from_dict(VIDEO)))
+    assert n == param_count(base) > param_count(load_policy("tiny", hidden_size=32)[0])
+    # the checked trainer subclasses the class the config needs; a wrong one is refused
+    cfg = GRPOConfig.from_dict(VIDEO)
+    assert grpo_run.trainer_class(cfg) is VideoGRPOTrainer
+    assert issubclass(sweep._checked_trainer(VideoGRPOTrainer, lambda: None), VideoGRPOTrainer)
+    with pytest.raises(ValueError, match="trainer_cls: GRPOTrainer is not a VideoGRPOTrainer"):
+        grpo_run.run(cfg, tmp_path / "wrong", trainer_cls=GRPOTrainer)

@@ -201,3 +201,56 @@ def test_plain_trainer_run_refuses_multimodal(tmp_path):
     with pytest.raises(ValueError, match="multimodal: 'video' needs its trainer"):
         trainer.run(FAST, tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+def _sp_grads(rank, world, model, prefix, completion, weights):
+    from scaling_rl.llm.seq_parallel import all_reduce_grads
+    model.zero_grad(set_to_none=True)
+    logp = sp_completion_logprobs(model, prefix, completion, grad=True)
+    (logp * weights).sum().backward()
+    all_reduce_grads(model)
+    return {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sequence_parallel_training_forward_has_the_single_process_gradients(video_model, sp_inputs, world):
+    """With grad=True the SP pass is a training forward: after backward and the gradient
+    all-reduce, every worker holds the gradients of the one-process pass (the prefix, frame tokens
+    + question embeddings, is given: the encoder is frozen in GRPO)."""
+    import copy
+    model, _ = video_model
+    _, prefix, completion, _ = sp_inputs
+    model = copy.deepcopy(model)
+    model.frame_encoder.requires_grad_(False)
+    weights = torch.randn(completion.shape, generator=torch.Generator().manual_seed(2))
+    model.zero_grad(set_to_none=True)
+    ref_logp, _ = video_logprobs(model, prefix, completion)
+    (ref_logp * weights).sum().backward()
+    ref = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+    assert len(ref) > 10
+    for grads in launch(_sp_grads, world, model, prefix, completion, weights):
+        assert set(grads) == set(ref)
+        for n in ref:
+            np.testing.assert_allclose(grads[n], ref[n], atol=2e-5, rtol=1e-4, err_msg=n)
+
+
+def _sp_grads_no_kv_reduce(rank, world, model, prefix, completion, weights):
+    from scaling_rl.llm import seq_parallel
+    seq_parallel._GatherKV.backward = staticmethod(
+        lambda ctx, g: (g[..., ctx.rank * ctx.C:(ctx.rank + 1) * ctx.C, :], None))
+    return _sp_grads(rank, world, model, prefix, completion, weights)
+
+
+def test_the_gradient_check_fails_without_the_key_value_all_reduce(video_model, sp_inputs):
+    import copy
+    model, _ = video_model
+    _, prefix, completion, _ = sp_inputs
+    model = copy.deepcopy(model)
+    model.frame_encoder.requires_grad_(False)
+    weights = torch.ones(completion.shape)
+    model.zero_grad(set_to_none=True)
+    logp, _ = video_logprobs(model, prefix, completion)
+    logp.sum().backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads = launch(_sp_grads_no_kv_reduce, 2, model, prefix, completion, weights)[0]
+    assert max(float(np.abs(grads[n] - ref[n].numpy()).max()) for n in ref) > 1e-3

@@ -30,6 +30,13 @@ here queries are rotated.) A "step" of the interleaved layout is a fixed number 
 (the paper commits at paragraph ends); the optional header ("worker w: ") opens each worker's
 block and so goes to the history with its first step.
 
+Cost of a step: keys and values are stored head-major (prompt and history (B, Hkv, ·, D), blocks
+(B, Hkv, W, T, D)); a step attends only over written slots (the prompt, the history's
+`hist_len.max()` slots, the blocks' first `max(L + write)` slots) with batched matmuls per
+(prompt | history | block, head) and one softmax over their concatenated scores; the per-step
+rotations and the mask are built once for all layers. Per token a worker still reads W blocks,
+so attention work grows with W (an independent sample reads its own tokens only).
+
 Models: RoPE causal LMs with Llama-style layers (llama, qwen2, qwen3, mistral; no sliding
 window). The forward re-uses the model's own modules (norms, projections, MLP, rotary table).
 """
@@ -98,8 +105,10 @@ class SharedCache:
         out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos,
                     use_cache=True, logits_to_keep=1, **{kw: cache})
         self.prompt_logits = out.logits[:, -1]
-        self.pk = [l.keys.transpose(1, 2) for l in cache.layers]     # (B, P, Hkv, D)
-        self.pv = [l.values.transpose(1, 2) for l in cache.layers]
+        # storage is head-major, as the attention's batched matmuls read it: prompt and history
+        # (B, Hkv, P or S, D), worker blocks (B, Hkv, W, T, D)
+        self.pk = [l.keys for l in cache.layers]
+        self.pv = [l.values for l in cache.layers]
         self.pmask = prompt_mask.bool()
         self.pos_p = pos
         self.n_prompt = self.pmask.sum(-1)
@@ -107,10 +116,10 @@ class SharedCache:
         T = capacity if layout == "contiguous" else step_tokens
         S = 0 if layout == "contiguous" else workers * capacity
         dt = self.pk[0].dtype
-        shape = (self.Hkv, self.D)
-        self.wk = [torch.zeros(B, workers, T, *shape, dtype=dt, device=dev) for _ in layers]
+        H, D = self.Hkv, self.D
+        self.wk = [torch.zeros(B, H, workers, T, D, dtype=dt, device=dev) for _ in layers]
         self.wv = [torch.zeros_like(x) for x in self.wk]
-        self.hk = [torch.zeros(B, S, *shape, dtype=dt, device=dev) for _ in layers]
+        self.hk = [torch.zeros(B, H, S, D, dtype=dt, device=dev) for _ in layers]
         self.hv = [torch.zeros_like(x) for x in self.hk]
         self.L = torch.zeros(B, workers, dtype=torch.long, device=dev)      # tokens per block
         self.hist_len = torch.zeros(B, dtype=torch.long, device=dev)
@@ -126,9 +135,6 @@ class SharedCache:
         self.cos_unit, self.sin_unit = self.cos / s, self.sin / s
 
     # -- rotations --
-    def _rope(self, x, pos):
-        return x * _expand(self.cos, pos, x.dim()) + _rotate_half(x) * _expand(self.sin, pos, x.dim())
-
     def _turn(self, x, delta, inverse: bool = False):
         """Stored keys rotated by `delta` positions (a pure rotation; backwards if `inverse`)."""
         s = _expand(self.sin_unit, delta, x.dim())
@@ -150,32 +156,71 @@ class SharedCache:
         return off, base[:, None] + L.sum(-1, keepdim=True) + torch.zeros_like(L)
 
     # -- the Hogwild! step --
-    def _attend(self, i, q, off, pos, wmask):
-        """q (B, V, Hkv, g, D) unrotated -> attention output over worker v's view."""
-        B, V = q.shape[:2]
-        parts_s, parts_v = [], []
-        qp = self._rope(q, pos)
-        parts_s.append(torch.einsum("bvhgd,bphd->bvhgp", qp, self.pk[i]))
-        parts_v.append(self.pv[i])
-        mask = [self.pmask[:, None, None, None, :].expand(B, V, 1, 1, -1)]
-        if self.S:
-            qh = self._rope(q, pos - self.n_prompt[:, None])
-            parts_s.append(torch.einsum("bvhgd,bshd->bvhgs", qh, self.hk[i]))
-            hm = torch.arange(self.S, device=q.device)[None] < self.hist_len[:, None]
-            mask.append(hm[:, None, None, None, :].expand(B, V, 1, 1, -1))
-        qw = self._rope(q[:, :, None].expand(B, V, self.W, *q.shape[2:]), pos[:, :, None] - off)
-        sw = torch.einsum("bvuhgd,buthd->bvhgut", qw, self.wk[i])
-        parts_s.append(sw.flatten(-2))
-        mask.append(wmask[:, :, None, None, :])
-        scores = torch.cat(parts_s, -1).float() * self.scaling
-        scores = scores.masked_fill(~torch.cat(mask, -1), float("-inf"))
-        a = torch.softmax(scores, -1).to(q.dtype)
-        P = self.pk[i].shape[1]
-        o = torch.einsum("bvhgp,bphd->bvhgd", a[..., :P], self.pv[i])
-        if self.S:
-            o = o + torch.einsum("bvhgs,bshd->bvhgd", a[..., P:P + self.S], self.hv[i])
-        aw = a[..., P + self.S:].unflatten(-1, (self.W, self.T))
-        return o + torch.einsum("bvhgut,buthd->bvhgd", aw, self.wv[i])
+    def _tables(self, write):
+        """What every layer of one step shares: query rotations (scaled by the attention scaling)
+        for the prompt, the history and each (view, block) pair, the key rotation of the new
+        tokens, and the additive mask over the written slots only (prompt, the history's
+        `hist_len.max()` slots, the blocks' first `(L + write).max()` slots)."""
+        off, pos = self.offsets()                                         # (B, V, U), (B, V)
+        L, W, dev = self.L, self.W, self.L.device
+        t = int((L + write.long()).max())
+        sh = int(self.hist_len.max()) if self.S else 0
+        sc = self.scaling
+
+        def q_rot(p):   # (B, V) or (B, V, U) positions -> cos, sin for q laid out (B, H, [U,] V, g, D)
+            c, s_ = self.cos[p] * sc, self.sin[p] * sc
+            if p.dim() == 3:
+                c, s_ = c.transpose(1, 2), s_.transpose(1, 2)             # (B, U, V, D)
+            return c.unsqueeze(1).unsqueeze(-2), s_.unsqueeze(1).unsqueeze(-2)
+        u = torch.arange(W, device=dev)
+        own = (write[:, :, None] & (u[:, None] == u[None, :])[None]).long()   # (B, V, U)
+        # own block of view v includes the token written now; the others' do not
+        vis_w = torch.arange(t, device=dev)[None, None, None] < (L[:, None, :] + own)[..., None]
+        B = self.B
+        parts = [self.pmask[:, None].expand(B, W, -1)]
+        if sh:
+            hm = torch.arange(sh, device=dev)[None] < self.hist_len[:, None]
+            parts.append(hm[:, None].expand(B, W, -1))
+        parts.append(vis_w.transpose(2, 3).flatten(-2))      # (B, V, t·U): slot-major, block-minor
+        vis = torch.cat(parts, -1)
+        bias = torch.zeros(vis.shape, dtype=self.cos.dtype, device=dev).masked_fill_(~vis, float("-inf"))
+        return {"t": t, "sh": sh, "q_p": q_rot(pos),
+                "q_h": q_rot(pos - self.n_prompt[:, None]) if sh else None,
+                "q_w": q_rot(pos[:, :, None] - off),
+                "k": (self.cos[L].unsqueeze(-2), self.sin[L].unsqueeze(-2)),   # (B, W, 1, D)
+                "bias": bias[:, None, :, None]}                           # (B, 1, V, 1, F)
+
+    def _attend(self, i, q, tab):
+        """q (B, V, Hkv, g, D) unrotated -> (B·V, Hkv·g·D) attention output over each worker's
+        view: batched matmuls over (prompt, head), (history, head) and (block, head), one softmax
+        over the written slots."""
+        B, V, H, g, D = q.shape
+        t, sh = tab["t"], tab["sh"]
+        q = q.permute(0, 2, 1, 3, 4)                                      # (B, H, V, g, D)
+        rq = _rotate_half(q)
+
+        def rot(c_s, qq=q, rr=rq):
+            return qq * c_s[0] + rr * c_s[1]
+        qp = rot(tab["q_p"]).reshape(B, H, V * g, D)
+        scores = [qp @ self.pk[i].transpose(-1, -2)]                      # (B, H, Vg, P)
+        if sh:
+            qh = rot(tab["q_h"]).reshape(B, H, V * g, D)
+            scores.append(qh @ self.hk[i][:, :, :sh].transpose(-1, -2))
+        qw = rot(tab["q_w"], q[:, :, None], rq[:, :, None])              # (B, H, U, V, g, D)
+        kw = self.wk[i][:, :, :, :t]                                      # (B, H, U, t, D)
+        sw = qw.reshape(B, H, self.W, V * g, D) @ kw.transpose(-1, -2)   # (B, H, U, Vg, t)
+        scores.append(sw.permute(0, 1, 3, 4, 2).flatten(-2))              # (B, H, Vg, t·U)
+        s = torch.cat(scores, -1)
+        F_ = s.shape[-1]
+        s = s.view(B, H, V, g, F_) + tab["bias"]
+        a = torch.softmax(s, -1, dtype=torch.float32).to(q.dtype).view(B, H, V * g, F_)
+        P = self.pk[i].shape[2]
+        o = a[..., :P] @ self.pv[i]
+        if sh:
+            o = o + a[..., P:P + sh] @ self.hv[i][:, :, :sh]
+        aw = a[..., P + sh:].unflatten(-1, (t, self.W)).permute(0, 1, 4, 2, 3)   # (B, H, U, Vg, t)
+        o = o + (aw @ self.wv[i][:, :, :, :t]).sum(2)                     # (B, H, Vg, D)
+        return o.view(B, H, V, g * D).transpose(1, 2).reshape(B * V, H * g * D)
 
     def _make_room(self, write):
         """Interleaved: commit every worker's current step to the history when blocks are full."""
@@ -186,15 +231,13 @@ class SharedCache:
         """Feed (B, W) tokens; store the rows where `write`; (B, W, vocab) next-token logits."""
         self._make_room(write)
         m, B, W = self.model.model, self.B, self.W
-        off, pos = self.offsets()
+        tab = self._tables(write)
         bi, wi = write.nonzero(as_tuple=True)
         ti = self.L[bi, wi]
-        u = torch.arange(W, device=tokens.device)
-        # own block of view v includes the token written now; the others' do not
-        vis = torch.arange(self.T, device=tokens.device)[None, None, None] < (
-            self.L[:, None, :] + (write[:, :, None] & (u[:, None] == u[None, :])[None]).long()
-        )[..., None]                                                      # (B, V, U, T)
-        wmask = vis.flatten(-2)
+        # every row writes (lockstep generation before any stop): one scatter per tensor
+        every = bi.numel() == B * W
+        slot = self.L[:, None, :, None, None].expand(B, self.Hkv, W, 1, self.D)
+        ck, sk = tab["k"]
         h = m.embed_tokens(tokens.reshape(B * W))
         for i, layer in enumerate(m.layers):
             attn = layer.self_attn
@@ -204,11 +247,15 @@ class SharedCache:
             v = attn.v_proj(x).view(B, W, self.Hkv, self.D)
             if hasattr(attn, "q_norm"):
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            k = self._rope(k, self.L)                                    # at its block position
-            self.wk[i][bi, wi, ti] = k[bi, wi].to(self.wk[i].dtype)
-            self.wv[i][bi, wi, ti] = v[bi, wi].to(self.wv[i].dtype)
-            o = self._attend(i, q.view(B, W, self.Hkv, self.g, self.D), off, pos, wmask)
-            h = h + attn.o_proj(o.reshape(B * W, -1))
+            k = k * ck + _rotate_half(k) * sk                            # at its block position
+            if every:
+                self.wk[i].scatter_(3, slot, k.to(self.wk[i].dtype).transpose(1, 2)[:, :, :, None])
+                self.wv[i].scatter_(3, slot, v.to(self.wv[i].dtype).transpose(1, 2)[:, :, :, None])
+            else:
+                self.wk[i][bi, :, wi, ti] = k[bi, wi].to(self.wk[i].dtype)
+                self.wv[i][bi, :, wi, ti] = v[bi, wi].to(self.wv[i].dtype)
+            o = self._attend(i, q.view(B, W, self.Hkv, self.g, self.D), tab)
+            h = h + attn.o_proj(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         self.L = self.L + write.long()
         return self.model.lm_head(m.norm(h)).view(B, W, -1)
@@ -222,8 +269,8 @@ class SharedCache:
             bi, ti = (t[None] < self.L[:, u, None]).nonzero(as_tuple=True)
             shift = self.hist_len[bi] + before[bi, u]
             for i in range(self.n_layers):
-                self.hk[i][bi, shift + ti] = self._turn(self.wk[i][bi, u, ti], shift)
-                self.hv[i][bi, shift + ti] = self.wv[i][bi, u, ti]
+                self.hk[i][bi, :, shift + ti] = self._turn(self.wk[i][bi, :, u, ti], shift)
+                self.hv[i][bi, :, shift + ti] = self.wv[i][bi, :, u, ti]
         self.hist_len = self.hist_len + self.L.sum(-1)
         self.L = torch.zeros_like(self.L)
 
@@ -262,8 +309,9 @@ class SharedCache:
         delta = torch.where(vis_v, pos_v - local_v, 0)
         kw, cache = rollout._new_cache(self.model)
         for i in range(self.n_layers):
-            k = torch.cat([self.pk[i], self.hk[i], self.wk[i].flatten(1, 2)], 1)[:, order]
-            v = torch.cat([self.pv[i], self.hv[i], self.wv[i].flatten(1, 2)], 1)[:, order]
+            # slot-major views (B, F, Hkv, D) of the head-major storage, gathered per view
+            k = torch.cat([self.pk[i], self.hk[i], self.wk[i].flatten(2, 3)], 2).transpose(1, 2)[:, order]
+            v = torch.cat([self.pv[i], self.hv[i], self.wv[i].flatten(2, 3)], 2).transpose(1, 2)[:, order]
             k = self._turn(k, delta)                                     # (B, V, F, Hkv, D)
             cache.update(k.flatten(0, 1).transpose(1, 2), v.flatten(0, 1).transpose(1, 2), i)
         n = vis_v.sum(-1).flatten()                                      # view position of the new token
@@ -275,8 +323,8 @@ class SharedCache:
         rows, ti = bi * W + wi, self.L[bi, wi]
         for i, layer in enumerate(cache.layers):
             k_new = layer.keys[rows, :, -1]                              # at view position n
-            self.wk[i][bi, wi, ti] = self._turn(k_new, n[rows] - ti, inverse=True)
-            self.wv[i][bi, wi, ti] = layer.values[rows, :, -1]
+            self.wk[i][bi, :, wi, ti] = self._turn(k_new, n[rows] - ti, inverse=True)
+            self.wv[i][bi, :, wi, ti] = layer.values[rows, :, -1]
         self.L = self.L + write.long()
         return out.logits[:, -1].view(B, W, -1)
 
@@ -388,8 +436,20 @@ def sample_groups(model, tokenizer, task, problems, cfg, *, eos_ids, max_len: in
     return batch, rewards
 
 
+# Objectives that train correctly on tokens sampled by another policy. A Hogwild! token is sampled
+# from π(· | prompt, the other workers' tokens so far, own tokens), while the trainer scores it
+# after the prompt alone, π(· | prompt, own tokens): the samples are off-policy even at staleness 0.
+# decoupled_ppo weights each token by π_prox/π_behav and tis by min(π_θ/π_behav, c), with π_behav
+# the shared-context log-prob recorded at sampling time; vargrad (trajectory balance) has its
+# optimum π ∝ π_ref·exp(r/β) whatever distribution the samples come from. Plain grpo has neither:
+# it anchors its ratio on the prompt-only log-probs (`old = logp.detach()`), i.e. it would treat
+# the samples as drawn from the policy being trained, a biased gradient.
+OFF_POLICY_OBJECTIVES = ("decoupled_ppo", "tis", "vargrad")
+
+
 def check_config(cfg) -> None:
-    """Validate a GRPOConfig's hogwild fields (one-line ValueError)."""
+    """Validate a GRPOConfig's hogwild fields (one-line ValueError); `objective` must be one of
+    OFF_POLICY_OBJECTIVES."""
     W = cfg.hogwild_workers or cfg.group_size
     if cfg.hogwild_workers < 0 or cfg.group_size % W:
         raise ValueError(f"hogwild_workers: {cfg.hogwild_workers!r} must divide group_size="
@@ -398,12 +458,17 @@ def check_config(cfg) -> None:
         raise ValueError(f"hogwild_layout: {cfg.hogwild_layout!r} is unknown; use one of {LAYOUTS}")
     if cfg.hogwild_step_tokens < 1:
         raise ValueError(f"hogwild_step_tokens: {cfg.hogwild_step_tokens!r} must be >= 1")
+    if cfg.objective not in OFF_POLICY_OBJECTIVES:
+        raise ValueError(f"objective: {cfg.objective!r} cannot train on hogwild rollouts (sampled "
+                         "seeing the other workers, scored after the prompt alone); use one of "
+                         f"{OFF_POLICY_OBJECTIVES}")
 
 
 class HogwildSource(SyncSource):
     """`rollout=hogwild`: the trainer's own loop, each group generated by Hogwild! teams. The
     behaviour log-probs are those of the shared-cache context; the trainer scores completions
-    after the prompt alone, so the off-policy objectives (decoupled_ppo, tis) correct the gap."""
+    after the prompt alone, so the off-policy objectives (decoupled_ppo, tis) correct the gap
+    (`check_config` refuses objective=grpo, which would not)."""
 
     def pull(self) -> dict:
         t = self.trainer

@@ -79,17 +79,24 @@ AutoConfig.register("video_qwen2", VideoLMConfig, exist_ok=True)
 AutoModelForCausalLM.register(VideoLMConfig, VideoLM, exist_ok=True)
 
 
+def video_config_from(lm_config, *, frame_dim: int, encoder_hidden: int,
+                      frames_per_token: int) -> VideoLMConfig:
+    """The VideoLMConfig of an LM config (a Qwen2 / Llama-shaped one) plus a frame encoder."""
+    cfg = lm_config.to_dict()
+    for k in ("model_type", "architectures", "transformers_version", "auto_map"):
+        cfg.pop(k, None)
+    return VideoLMConfig(frame_dim=frame_dim, encoder_hidden=encoder_hidden,
+                         frames_per_token=frames_per_token, **cfg)
+
+
 def video_lm_from(lm, *, frame_dim: int, encoder_hidden: int, frames_per_token: int,
                   seed: int = 0) -> VideoLM:
     """A VideoLM holding `lm`'s (a Qwen2 / Llama-shaped causal LM built by `tiny_model`) weights
     and a freshly initialised frame encoder (seeded)."""
     if isinstance(lm, VideoLM):
         return lm
-    cfg = lm.config.to_dict()
-    for k in ("model_type", "architectures", "transformers_version", "auto_map"):
-        cfg.pop(k, None)
-    config = VideoLMConfig(frame_dim=frame_dim, encoder_hidden=encoder_hidden,
-                           frames_per_token=frames_per_token, **cfg)
+    config = video_config_from(lm.config, frame_dim=frame_dim, encoder_hidden=encoder_hidden,
+                               frames_per_token=frames_per_token)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = VideoLM(config)

@@ -11,8 +11,11 @@ single-process pass up to float32 rounding (the test checks this for lengths P d
 
 Per worker, activations scale with L / P and the gathered K/V with L; on CPU the attention is
 two fused flash-attention calls per layer (the slice's causal diagonal block, and every earlier
-key) merged by their log-sum-exps, so no score matrix is materialised. The pass is for no-grad use (old / reference
-log-probs, the prefill): the all-gather carries no gradient.
+key) merged by their log-sum-exps, so no score matrix is materialised. By default the pass is
+no-grad (old / reference log-probs, the prefill); with `grad=True` it is the training forward: the
+key/value all-gather's backward all-reduces their gradients and keeps the worker's slice, and
+`all_reduce_grads` sums the parameter gradients (tests/test_long_rl.py checks them against one
+process). The trainer does not call it yet (the video update runs in one process).
 
 `launch(fn, world, *args)` forks `world` CPU processes joined by a gloo group (a FileStore, no
 ports) and returns each rank's `fn(rank, world, *args)`; tests and benchmarks/long_rl.py use it.
@@ -34,14 +37,51 @@ from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 from scaling_rl.llm import rollout
 
 
-def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
-    """All-gather equal slices along dim -2 (the sequence) and concatenate them in rank order."""
+def _all_gather_cat(x: torch.Tensor, group) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=-2)
+
+
+class _GatherKV(torch.autograd.Function):
+    """All-gather of key/value slices whose backward sums every worker's gradient of the whole
+    sequence (all-reduce; gloo has no reduce-scatter) and keeps this worker's slice."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group, ctx.rank, ctx.C = group, dist.get_rank(group), x.shape[-2]
+        return _all_gather_cat(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[..., ctx.rank * ctx.C:(ctx.rank + 1) * ctx.C, :], None
+
+
+class _GatherOut(torch.autograd.Function):
+    """All-gather of per-slice outputs whose backward keeps this worker's slice of the gradient
+    (every worker computes the same loss of the whole gathered output)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.rank, ctx.C = dist.get_rank(group), x.shape[-2]
+        return _all_gather_cat(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[..., ctx.rank * ctx.C:(ctx.rank + 1) * ctx.C, :], None
+
+
+def _gather_seq(x: torch.Tensor, group, kind=_GatherKV) -> torch.Tensor:
+    """All-gather equal slices along dim -2 (the sequence) and concatenate them in rank order;
+    differentiable (`kind` gives the backward) when x requires grad."""
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     if world == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=-2)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return kind.apply(x, group)
+    return _all_gather_cat(x, group)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float):
@@ -52,7 +92,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale
     explicit (C, L) mask."""
     C = q.shape[-2]
     op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if q.device.type != "cpu" or op is None:
+    # with gradients: SDPA's own backward (the fused CPU op does not differentiate its lse output,
+    # which the merge needs)
+    if q.device.type != "cpu" or op is None or (torch.is_grad_enabled() and q.requires_grad):
         q_pos = torch.arange(start, start + C, device=q.device)
         mask = torch.arange(k.shape[-2], device=q.device)[None, :] <= q_pos[:, None]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
@@ -96,14 +138,34 @@ def _local_slice(parts, start: int, end: int) -> torch.Tensor:
     return F.pad(x, (0, 0, 0, end - start - x.shape[1]))
 
 
-@torch.no_grad()
 def sp_logprobs(model, embeds, labels: torch.Tensor, temperature: float = 1.0,
-                group=None) -> torch.Tensor:
+                group=None, grad: bool = False) -> torch.Tensor:
     """log π(labels[:, t] | inputs[:, :t+1]) for every position t, (B, L) float32, 0 where
     labels < 0, computed over the workers of `group` (all of them hold the same inputs).
     `embeds`: the (B, L, H) input embeddings, or a list of pieces concatenated along the sequence
     (e.g. frame tokens expanded over a group, question, completion): each worker materialises
-    only its slice."""
+    only its slice.
+
+    `grad=True`: differentiable (the training forward). Every worker computes the same loss of the
+    returned log-probs and calls backward (the all-gathers' backwards are collective, so in the
+    same order everywhere); the true gradient is then the sum of the workers' parameter gradients
+    (`all_reduce_grads`)."""
+    with torch.set_grad_enabled(grad):
+        return _sp_logprobs(model, embeds, labels, temperature, group)
+
+
+def all_reduce_grads(model, group=None) -> None:
+    """Sum every trainable parameter's .grad over the workers of `group` (after an SP backward)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return
+    for p in model.parameters():     # the same list on every worker (a collective each)
+        if p.requires_grad:
+            if p.grad is None:       # this worker's slice did not reach it (e.g. no label scored)
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, group=group)
+
+
+def _sp_logprobs(model, embeds, labels, temperature, group):
     parts = list(embeds) if isinstance(embeds, (list, tuple)) else [embeds]
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
@@ -120,11 +182,16 @@ def sp_logprobs(model, embeds, labels: torch.Tensor, temperature: float = 1.0,
         x = _layer(layer, x, cos, sin, q_pos, group)
     x = lm.norm(x)
     logp = torch.zeros(B, C, dtype=torch.float32, device=x.device)
+    if torch.is_grad_enabled() and x.requires_grad:
+        # a worker whose slice scores no label still runs the backward: its keys/values feed the
+        # others' queries and the backward's all-reduces are collective
+        logp = logp + 0.0 * x.sum()
     rows, cols = torch.nonzero(lab >= 0, as_tuple=True)
     if len(rows):
         logits = model.lm_head(x[rows, cols])
-        logp[rows, cols] = rollout.selective_logprobs(logits, lab[rows, cols], temperature)
-    return _gather_seq(logp[..., None], group)[:, :L, 0]
+        logp = logp.index_put((rows, cols),
+                              rollout.selective_logprobs(logits, lab[rows, cols], temperature))
+    return _gather_seq(logp[..., None], group, _GatherOut)[:, :L, 0]
 
 
 def completion_labels(prefix_len: int, completion_ids: torch.Tensor) -> torch.Tensor:
@@ -136,15 +203,15 @@ def completion_labels(prefix_len: int, completion_ids: torch.Tensor) -> torch.Te
 
 
 def sp_completion_logprobs(model, prefix, completion_ids: torch.Tensor,
-                           temperature: float = 1.0, group=None) -> torch.Tensor:
-    """`multimodal.video_logprobs` (no grad, no entropy) computed sequence-parallel: (B, T).
-    `prefix`: (B, Lp, H) prompt embeddings or a list of pieces (see `sp_logprobs`)."""
+                           temperature: float = 1.0, group=None, grad: bool = False) -> torch.Tensor:
+    """`multimodal.video_logprobs` (no entropy) computed sequence-parallel: (B, T); no grad unless
+    `grad` (see `sp_logprobs`). `prefix`: (B, Lp, H) prompt embeddings or a list of pieces."""
     parts = list(prefix) if isinstance(prefix, (list, tuple)) else [prefix]
     Lp = sum(p.shape[1] for p in parts)
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         parts.append(model.get_input_embeddings()(completion_ids[:, :-1]))
     return sp_logprobs(model, parts, completion_labels(Lp, completion_ids), temperature,
-                       group)[:, Lp - 1:]
+                       group, grad)[:, Lp - 1:]
 
 
 def video_pieces(model, video_tokens: torch.Tensor, question_ids: torch.Tensor, rows: int):

@@ -19,7 +19,9 @@ GRPO steps; the sweep's `checkpoint_every` does not apply). Columns added to the
 `seed` (index), `chunk` (= GRPO step; row 0 is the base policy), `env_steps` (completions sampled
 so far, the data axis) and `grad_steps` (optimizer steps so far). A non-finite loss or gradient
 norm raises `Diverged` (step = env_steps then). N = every parameter of the policy (embeddings
-included; tied ones once).
+included; tied ones once; with multimodal=video the frame encoder too). A trial runs the trainer its
+config needs (`grpo_run.trainer_class`: `VideoGRPOTrainer` for multimodal=video), as `scaling-rl
+grpo` does.
 
 Early stopping (a spec's `early_stop:`, sweep/early_stop.py) works seed by seed, since the seeds
 run one after another: on row 0 (the base policy) and after each GRPO step but the last, the rule
@@ -99,6 +101,12 @@ def param_count(config: dict) -> int:
                                int(config["num_layers"]), int(config["num_heads"]))
         else:
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+        if config.get("multimodal") == "video":   # the policy is the LM + its frame encoder
+            from scaling_rl.llm.multimodal import video_config_from
+            model = AutoModelForCausalLM.from_config(video_config_from(
+                model.config, frame_dim=int(config["frame_dim"]),
+                encoder_hidden=int(config["frame_encoder_hidden"]),
+                frames_per_token=int(config["frames_per_token"])))
     return int(sum(p.numel() for p in model.parameters()))
 
 
@@ -136,13 +144,12 @@ def budget(config: dict) -> int:
     return int(cfg.steps) * int(cfg.prompts_per_step) * int(cfg.group_size)
 
 
-def _checked_trainer(on_save, ask=None):
-    """GRPOTrainer that raises Diverged on a non-finite loss / grad norm (after writing the rows so
-    far), reports each save, and (with `ask`: (step, this seed's tidy rows) -> truthy to stop) can
-    stop early."""
-    from scaling_rl.llm.trainer import GRPOTrainer
+def _checked_trainer(base, on_save, ask=None):
+    """`base` (the trainer the config needs, `grpo_run.trainer_class`) that raises Diverged on a
+    non-finite loss / grad norm (after writing the rows so far), reports each save, and (with
+    `ask`: (step, this seed's tidy rows) -> truthy to stop) can stop early."""
 
-    class Checked(GRPOTrainer):
+    class Checked(base):
         def should_stop(self, row):
             return bool(ask is not None and ask(self.step, self.metrics_frame()))
 
@@ -167,10 +174,12 @@ def _checked_trainer(on_save, ask=None):
 
 def _run_seed(cfg, out: Path, on_save, ask=None):
     """trainer.run for one seed, with the divergence check (same resume / config-change rules)."""
-    from scaling_rl.llm import trainer
+    from scaling_rl.llm import grpo_run
 
     out.mkdir(parents=True, exist_ok=True)
-    return trainer.run(cfg, out, trainer_cls=_checked_trainer(on_save, ask))
+    # the same dispatch as `scaling-rl grpo` (multimodal=video -> VideoGRPOTrainer)
+    checked = _checked_trainer(grpo_run.trainer_class(cfg), on_save, ask)
+    return grpo_run.run(cfg, out, trainer_cls=checked)
 
 
 def _seed_ask(stop, index: int, base):
