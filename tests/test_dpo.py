@@ -1,5 +1,6 @@
 """DPO: loss vs TRL (pinned fixture), hand formulas, gradients through the bridge, preference data,
 config errors, a tiny run end to end (files, rerun, CLI) and the `dpo` sweep trial kind."""
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -142,6 +143,50 @@ def test_updates_raise_the_margin_of_clean_pairs():
     assert (tr.pair_stats(batch)["margins"] > 0).mean() >= 0.75
 
 
+def test_pair_stats_hidden_states_and_reused_reference_logps():
+    """hidden=True: the same log-probs as the plain forward, plus the per-layer hidden states
+    averaged over each row's tokens and over chosen / rejected; `update` with the scoring's
+    reference log-probs trains on exactly the loss the scoring saw."""
+    from scaling_rl.llm import rollout
+    cfg = dpo.DPOConfig(**{**TINY, "num_layers": 2, "sft_steps": 0})
+    tr = dpo.DPOTrainer(cfg)
+    tr.setup()
+    pairs = tr.train[:6]
+    enc = tr._encode(pairs)
+    plain, st = tr.pair_stats(enc=enc), tr.pair_stats(enc=enc, hidden=True)
+    np.testing.assert_allclose(st["losses"], plain["losses"], rtol=1e-6)
+    np.testing.assert_allclose(st["chosen_seq_logp"], plain["chosen_seq_logp"], rtol=1e-6)
+    assert st["hidden"].shape == (6, 2, 16) and "hidden" not in plain
+    p_ids, p_mask, c_ids, c_mask, r_ids, r_mask = enc
+    with torch.no_grad():      # by hand: the chosen rows' hidden states of layer 2, token mean
+        ids = torch.cat([p_ids, c_ids[:, :-1]], 1)
+        mask = torch.cat([p_mask, c_mask[:, :-1].to(p_mask.dtype)], 1)
+        out = tr.policy(input_ids=ids, attention_mask=mask, position_ids=rollout._positions(mask),
+                        output_hidden_states=True)
+        ids_r = torch.cat([p_ids, r_ids[:, :-1]], 1)
+        mask_r = torch.cat([p_mask, r_mask[:, :-1].to(p_mask.dtype)], 1)
+        out_r = tr.policy(input_ids=ids_r, attention_mask=mask_r,
+                          position_ids=rollout._positions(mask_r), output_hidden_states=True)
+    mean = lambda h, m: ((h * m[..., None]).sum(1) / m.sum(1, keepdim=True)).numpy()  # noqa: E731
+    want = 0.5 * (mean(out.hidden_states[2], mask.float()) + mean(out_r.hidden_states[2],
+                                                                   mask_r.float()))
+    np.testing.assert_allclose(st["hidden"][:, 1], want, rtol=1e-4, atol=1e-5)
+    out = tr.update(enc=enc, ref_logps=st["ref_logps"])
+    assert out["loss"] == pytest.approx(float(np.mean(st["losses"])), rel=1e-5)
+
+
+@pytest.mark.parametrize("sched, per_step", [("uniform", 8.0), ("small_loss", 14.0), ("sams", 14.0)])
+def test_step_cost_charges_candidate_forwards(sched, per_step):
+    """A uniform step of B pairs costs B; a scoring scheduler also pays every candidate's policy +
+    reference forward (2 of a trained pair's 4 forward-equivalents) and saves the trained pairs'
+    reference forward: (2·B·c + 3·B) / 4 = 14 for B = 8, c = 2."""
+    cfg = dpo.DPOConfig(**{**TINY, "scheduler": sched})
+    assert dpo.step_cost(cfg) == per_step
+    assert dpo.steps_for_compute(cfg, 8 * 35) == round(8 * 35 / per_step)
+    assert dpo.step_cost(dataclasses.replace(cfg, candidates=4)) == (8.0 if sched == "uniform"
+                                                                     else (2 * 32 + 24) / 4)
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dpo") / "run"
@@ -153,6 +198,8 @@ def test_run_writes_rows_and_files(tiny_run):
     out, df = tiny_run
     assert list(df["step"]) == [0, 1, 2, 3]
     assert list(df["pairs"]) == [0, 8, 16, 24]
+    assert list(df["compute_pairs"].fillna(0)) == [0, 14, 28, 42]    # candidates charged
+    assert (df["score_s"].dropna() > 0).all()
     ev = df.dropna(subset=["eval/pref_accuracy"])
     assert list(ev["step"]) == [0, 2, 3]
     assert ev["eval/pref_accuracy"].iloc[0] == 0.5           # policy == reference: all ties
@@ -175,12 +222,15 @@ def test_cli_dpo_errors_are_one_line(tmp_path, capsys):
 def test_sweep_trial_kind(tmp_path):
     from scaling_rl.sweep import registry
     kind = registry.get("dpo")
-    assert kind.budget({"steps": 5, "batch_size": 4}) == 20
+    assert kind.budget({"steps": 5, "batch_size": 4}) == 20                      # uniform
+    assert kind.budget({"steps": 5, "batch_size": 4, "scheduler": "sams"}) == 35  # + candidates
     with pytest.raises(ValueError, match="seed"):
         kind.check({"seed": 3})
     cfg = {**TINY, "steps": 2, "eval_every": 2, "scheduler": "small_loss"}
     df = kind.run(cfg, str(tmp_path / "t"), 1, 0)
-    assert list(df["chunk"]) == [0, 1, 2] and list(df["env_steps"]) == [0, 8, 16]
+    # env_steps = compute in trained-pair equivalents: 8 trained + 16 scored candidates = 14
+    assert list(df["chunk"]) == [0, 1, 2] and list(df["env_steps"]) == [0, 14, 28]
+    assert list(df["pairs"]) == [0, 8, 16]
     assert list(df["seed"]) == [0, 0, 0]
     rec = json.loads((tmp_path / "t" / "config.json").read_text())
     assert rec["agent"] == "dpo" and rec["param_count"] == kind.param_count(cfg) > 0

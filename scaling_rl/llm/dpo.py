@@ -19,12 +19,16 @@ correct answer, rejected = a wrong answer of the same format (the sum with one d
 known fraction `noise` of the training pairs has its labels flipped (held-out pairs never are).
 
 One run = SFT warm start (`trainer.sft`, a weak start so DPO has room; or `init_from` a saved
-policy) -> `base_model/` (also the frozen reference) -> `steps` DPO updates. Each step the scheduler receives a candidate batch of
-`batch_size * candidates` pairs drawn uniformly from the training pool, with per-pair features from
-the current policy (scheduler-dependent; uniform needs none and gets exactly `batch_size`), and
-returns the `batch_size` pairs that train. Rows (metrics.parquet): step, pairs (training pairs
-consumed), loss, margin, reward accuracy, selected_flipped (fraction of flipped pairs among those
-trained on), sched_s / step_s (scheduler / whole-step wall time) and, every `eval_every` steps,
+policy) -> `base_model/` (also the frozen reference) -> `steps` DPO updates. Each step the
+scheduler receives a candidate batch of `batch_size * candidates` pairs drawn uniformly from the
+training pool, scored by one no-grad policy + reference forward (per-pair loss, margin, log-probs
+and, for SamS, the policy's per-layer hidden states; uniform is not scored and gets exactly
+`batch_size`), and returns the `batch_size` pairs that train (their reference log-probs are reused
+from the scoring). Rows (metrics.parquet): step, pairs (training pairs consumed), compute_pairs
+(compute spent in trained-pair equivalents, candidate forwards included: `step_cost`), loss,
+margin, reward accuracy, selected_flipped (fraction of flipped pairs among those trained on),
+score_s / sched_s / step_s (candidate forwards / scheduler / whole-step wall time) and, every
+`eval_every` steps,
 eval/pref_accuracy (held-out pairs) and eval/accuracy (greedy task accuracy). Files:
 dpo_config.json, metrics.parquet, base_model/, final_model/ (a finished run reruns as a no-op;
 an unfinished one restarts from its base model).
@@ -182,9 +186,9 @@ class DPOConfig:
     candidates: int = 2               # candidate batch = batch_size * candidates (not uniform)
     sams_hidden: int = 64
     sams_lr: float = 1e-3
-    sams_updates: int = 4             # scheduler-network Adam steps per observed reward
-    sams_explore: float = 0.5         # weight of the exploration network in the score
-    sams_temperature: float = 0.05    # selection ~ softmax(score / T) without replacement
+    sams_updates: int = 2             # scheduler-network Adam steps per observed reward (ref. 2)
+    sams_explore: float = 0.1         # weight of the exploration network in the score (ref. f2_weight)
+    sams_temperature: float = 1.0     # selection ~ softmax(score / T) without replacement (ref. T = 1)
     sams_batch_weight: float = 0.5    # λ: batch-level vs sample-level part of the reward
     # bookkeeping
     eval_every: int = 10
@@ -224,6 +228,35 @@ class DPOConfig:
     def from_dict(cls, d: dict[str, Any]) -> "DPOConfig":
         from scaling_rl.llm.trainer import config_from_dict
         return config_from_dict(cls, d, "DPO")
+
+
+# ---- compute accounting -------------------------------------------------------------------------
+# In forward-pass equivalents of one pair (chosen + rejected rows; a backward costs two forwards):
+TRAIN_UNITS = 4      # a trained pair: policy forward + backward (3) + reference forward (1)
+SCORE_UNITS = 2      # a scored candidate: policy forward + reference forward, no gradient
+REUSED_REF_UNITS = 1 # a trained pair whose reference log-probs came from its scoring saves this
+
+
+def candidate_count(cfg: "DPOConfig") -> int:
+    """Pairs drawn per step: batch_size for uniform, batch_size * candidates otherwise."""
+    return cfg.batch_size if cfg.scheduler == "uniform" else cfg.batch_size * cfg.candidates
+
+
+def step_cost(cfg: "DPOConfig") -> float:
+    """Compute of one DPO step in trained-pair equivalents (a uniform step of B pairs costs B):
+    uniform B·4/4; a scoring scheduler (2·B·candidates + 3·B)/4 -- every candidate's policy and
+    reference forward is charged, and the trained pairs reuse the reference log-probs of their
+    scoring. The scheduler's own networks are not FLOP-counted (measured as time in sched_s)."""
+    if cfg.scheduler == "uniform":
+        return float(cfg.batch_size)
+    units = (SCORE_UNITS * candidate_count(cfg)
+             + (TRAIN_UNITS - REUSED_REF_UNITS) * cfg.batch_size)
+    return units / TRAIN_UNITS
+
+
+def steps_for_compute(cfg: "DPOConfig", compute_pairs: float) -> int:
+    """The number of steps of `cfg` that spends `compute_pairs` (rounded to the nearest step)."""
+    return max(int(round(compute_pairs / step_cost(cfg))), 0)
 
 
 # ---- the trainer --------------------------------------------------------------------------------
@@ -285,39 +318,68 @@ class DPOTrainer:
                                             self.device)
         return p_ids, p_mask, c_ids, c_mask, r_ids, r_mask
 
-    def token_logps(self, model, enc):
-        """Per-token log-probs (chosen (B, T), rejected (B, T)); one forward on the 2B rows."""
+    def token_logps(self, model, enc, hidden: bool = False):
+        """Per-token log-probs (chosen (B, T), rejected (B, T)); one forward on the 2B rows.
+        `hidden`: also the per-layer hidden states averaged over each pair's tokens and over its
+        chosen and rejected rows, (B, L, d) float32 (no gradient; SamS's context)."""
         from scaling_rl.llm import rollout
         torch = self._torch
         p_ids, p_mask, c_ids, c_mask, r_ids, r_mask = enc
-        logp, _ = rollout.completion_logprobs(model, torch.cat([p_ids, p_ids]),
-                                              torch.cat([p_mask, p_mask]),
-                                              torch.cat([c_ids, r_ids]), torch.cat([c_mask, r_mask]))
         n = p_ids.shape[0]
-        return logp[:n], logp[n:]
+        if not hidden:
+            logp, _ = rollout.completion_logprobs(model, torch.cat([p_ids, p_ids]),
+                                                  torch.cat([p_mask, p_mask]),
+                                                  torch.cat([c_ids, r_ids]),
+                                                  torch.cat([c_mask, r_mask]))
+            return logp[:n], logp[n:]
+        comp, T = torch.cat([c_ids, r_ids]), c_ids.shape[1]
+        ids = torch.cat([torch.cat([p_ids, p_ids]), comp[:, :-1]], dim=1)
+        mask = torch.cat([torch.cat([p_mask, p_mask]),
+                          torch.cat([c_mask, r_mask])[:, :-1].to(p_mask.dtype)], dim=1)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=rollout._positions(mask),
+                    logits_to_keep=T, use_cache=False, output_hidden_states=True)
+        logp = rollout.selective_logprobs(out.logits, comp)
+        w = mask.to(torch.float32)[None, :, :, None]                       # (1, 2B, S, 1)
+        h = torch.stack([x.detach().float() for x in out.hidden_states[1:]])  # (L, 2B, S, d)
+        per_row = (h * w).sum(2) / w.sum(2).clamp(min=1.0)                 # (L, 2B, d)
+        ctx = (0.5 * (per_row[:, :n] + per_row[:, n:])).permute(1, 0, 2)   # (B, L, d)
+        return logp[:n], logp[n:], ctx
 
-    def pair_stats(self, pairs: list[Pair]) -> dict:
-        """Per-pair loss / margin / sequence log-probs under the current policy (no gradient)."""
+    def pair_stats(self, pairs: "list[Pair] | None" = None, *, enc=None, hidden: bool = False) -> dict:
+        """Per-pair loss / margin / log-probs under the current policy (no gradient), from one
+        policy and one reference forward on `pairs` (or an encoding `enc` of them). Also returned:
+        the reference's per-token log-probs ("ref_logps", reusable by `update`) and, with `hidden`,
+        the per-layer hidden states ("hidden", (n, L, d); see `token_logps`)."""
         torch, cfg = self._torch, self.cfg
-        enc = self._encode(pairs)
+        enc = self._encode(pairs) if enc is None else enc
         with torch.no_grad():
-            pc, pr = self.token_logps(self.policy, enc)
+            pol = self.token_logps(self.policy, enc, hidden=hidden)
+            pc, pr = pol[0], pol[1]
             rc, rr = self.token_logps(self.reference, enc)
             _, aux = objective_fn(cfg.beta, cfg.loss_type, cfg.label_smoothing)(
                 *(jnp.asarray(x.cpu().numpy()) for x in (pc, pr, rc, rr, enc[3], enc[5])))
         c_len, r_len = enc[3].sum(-1).cpu().numpy(), enc[5].sum(-1).cpu().numpy()
-        return {"losses": np.asarray(aux["losses"]), "margins": np.asarray(aux["margins"]),
-                "chosen_logp": (pc * enc[3]).sum(-1).cpu().numpy() / c_len,
-                "rejected_logp": (pr * enc[5]).sum(-1).cpu().numpy() / r_len}
+        c_seq = (pc * enc[3]).sum(-1).cpu().numpy()
+        out = {"losses": np.asarray(aux["losses"]), "margins": np.asarray(aux["margins"]),
+               "chosen_seq_logp": c_seq, "chosen_logp": c_seq / c_len,
+               "rejected_logp": (pr * enc[5]).sum(-1).cpu().numpy() / r_len, "ref_logps": (rc, rr)}
+        if hidden:
+            out["hidden"] = pol[2].cpu().numpy()
+        return out
 
-    def update(self, pairs: list[Pair]) -> dict:
-        """One optimizer step of DPO on `pairs`; returns loss, margin, accuracy, grad norm."""
+    def update(self, pairs: "list[Pair] | None" = None, *, enc=None, ref_logps=None) -> dict:
+        """One optimizer step of DPO on `pairs` (or their encoding `enc`); returns loss, margin,
+        accuracy, grad norm. `ref_logps`: the reference's per-token log-probs of these pairs when
+        already computed (the candidate scoring made them), else one reference forward here."""
         torch, cfg = self._torch, self.cfg
         from scaling_rl.llm import rollout
-        enc = self._encode(pairs)
+        enc = self._encode(pairs) if enc is None else enc
         rollout.set_training(self.policy, True)   # no per-step re-kernelisation (model.train() has one)
-        with torch.no_grad():
-            rc, rr = self.token_logps(self.reference, enc)
+        if ref_logps is None:
+            with torch.no_grad():
+                rc, rr = self.token_logps(self.reference, enc)
+        else:
+            rc, rr = ref_logps
         pc, pr = self.token_logps(self.policy, enc)
         loss, aux = torch_objective(cfg.beta, cfg.loss_type, cfg.label_smoothing)(
             pc, pr, rc, rr, enc[3].float(), enc[5].float())
@@ -341,25 +403,37 @@ class DPOTrainer:
                 "eval/loss": float(stats["losses"].mean()), "eval/accuracy": acc}
 
     def train_step(self) -> dict:
-        cfg = self.cfg
+        """Draw candidates, score them (non-uniform schedulers: one no-grad policy + reference
+        forward on all of them), select, train. Timing columns: score_s (candidate forwards),
+        sched_s (the scheduler itself: select + observe, its networks' fits included), step_s."""
+        cfg, torch = self.cfg, self._torch
         t0 = time.perf_counter()
-        n_cand = cfg.batch_size if cfg.scheduler == "uniform" else cfg.batch_size * cfg.candidates
+        n_cand = candidate_count(cfg)
         cand_idx = self.rng.choice(len(self.train), size=n_cand, replace=False)
         cand = [self.train[i] for i in cand_idx]
-        feats = self.pair_stats(cand) if self.scheduler.needs_features else None
-        chosen = self.scheduler.select(feats, cfg.batch_size, self.rng)
-        sched_s = time.perf_counter() - t0
-        batch = [cand[i] for i in chosen]
-        out = self.update(batch)
+        enc = self._encode(cand)
+        stats, ref = None, None
+        if self.scheduler.needs_stats:
+            stats = self.pair_stats(enc=enc, hidden=self.scheduler.needs_hidden)
         t1 = time.perf_counter()
+        chosen = np.asarray(self.scheduler.select(stats, cfg.batch_size, self.rng))
+        sched_s = time.perf_counter() - t1
+        batch = [cand[i] for i in chosen]
+        if stats is not None:      # train on the scored encoding's rows, reusing the reference's log-probs
+            sel = torch.as_tensor(chosen, dtype=torch.long, device=enc[0].device)
+            enc = tuple(t[sel] for t in enc)
+            ref = tuple(t[sel] for t in stats["ref_logps"])
+        out = self.update(enc=enc, ref_logps=ref)
+        t2 = time.perf_counter()
         self.scheduler.observe(out["loss"], out["losses"])
-        sched_s += time.perf_counter() - t1
+        sched_s += time.perf_counter() - t2
         self.step += 1
-        row = {"step": self.step, "pairs": self.step * cfg.batch_size, "loss": out["loss"],
+        row = {"step": self.step, "pairs": self.step * cfg.batch_size,
+               "compute_pairs": self.step * step_cost(cfg), "loss": out["loss"],
                "margin": out["margin"], "reward_accuracy": out["reward_accuracy"],
                "grad_norm": out["grad_norm"],
                "selected_flipped": float(np.mean([p.flipped for p in batch])),
-               "sched_s": sched_s, "step_s": time.perf_counter() - t0}
+               "score_s": t1 - t0, "sched_s": sched_s, "step_s": time.perf_counter() - t0}
         return row
 
     def fit(self, log=None) -> "list[dict]":
@@ -446,7 +520,8 @@ def trial_run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False,
               checkpoint_every: int = 1):
     """Run `seeds` DPO runs (seeds trial_seed*seeds + 0..seeds-1) one after another in
     <trial>/seed_<i>/; <trial>/metrics.parquet holds every seed's rows with seed / chunk (= DPO
-    step; row 0 is the reference policy) / env_steps (training pairs consumed) / grad_steps. A
+    step; row 0 is the reference policy) / env_steps (compute spent, in trained-pair equivalents:
+    `step_cost`, candidate scoring forwards included; `pairs` = pairs trained on) / grad_steps. A
     finished seed is not rerun; an unfinished one restarts (`checkpoint_every` is not used)."""
     import math
 
@@ -470,7 +545,7 @@ def trial_run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False,
         step = df["step"].astype("int64")
         df.insert(0, "seed", i)
         df.insert(1, "chunk", step)
-        df.insert(2, "env_steps", df["pairs"].astype("int64"))
+        df.insert(2, "env_steps", np.round(df["step"] * step_cost(cfg)).astype("int64"))
         df.insert(3, "grad_steps", step)
         frames.append(df)
         sio.atomic_write_parquet(out / "metrics.parquet", pd.concat(frames, ignore_index=True))
@@ -481,8 +556,9 @@ def trial_run(config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False,
 
 
 def _budget(config: dict) -> int:
+    """Per-seed budget in env_steps = compute in trained-pair equivalents (`step_cost`)."""
     cfg = DPOConfig.from_dict(dict(config))
-    return int(cfg.steps) * int(cfg.batch_size)
+    return int(round(int(cfg.steps) * step_cost(cfg)))
 
 
 def _trial_kind():
