@@ -70,5 +70,11 @@ $BIN/scaling-rl sweep run sweeps/quickstart.yaml --out "$OUT/sweep" --no-progres
 kill "$WATCH" 2>/dev/null || true
 $BIN/scaling-rl sweep status "$OUT/sweep"
 $BIN/scaling-rl sweep collect "$OUT/sweep"
-$BIN/scaling-rl fit "$OUT/sweep/results.parquet" --metric eval_return --out "$OUT/fit"
+# δ = the cost of one env step in FLOPs: on gymnax Pendulum an env step is the actor's forward pass (2 FLOPs
+# per actor parameter, ~1e4 at width 32) plus a few hundred FLOPs of physics and the replay write, so
+# δ = 3e4 (the report's summary shows where the answer goes at δ×0.1 and δ×10). Thresholds from 10% to 85%
+# of the way from the worst to the best return (≈ −1430 … −350): width 4 never gets past about −750, so
+# the default rule (levels every cell reaches) would stop at ≈ −1050; above that, width 4 is censored.
+$BIN/scaling-rl fit "$OUT/sweep/results.parquet" --metric eval_return --out "$OUT/fit" --delta 3e4 \
+  --thresholds 0.1,0.3,0.5,0.7,0.85
 echo "quickstart: table $OUT/sweep/results.parquet, report $OUT/fit/report.md, figures $OUT/fit/*.png"

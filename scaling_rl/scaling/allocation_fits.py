@@ -84,7 +84,7 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
         if not n_lv:
             continue
         K = st.extrapolate
-        box = {"sigma_range": (min(s_lv) / K, max(s_lv) * K), "n_range": (min(n_lv) / K, max(n_lv) * K)}
+        sweep_box = {"sigma_range": (min(s_lv) / K, max(s_lv) * K), "n_range": (min(n_lv) / K, max(n_lv) * K)}
         sources = _allocation_sources(de, t, de_fits, sel.get(t), out, n_lv, sigma_fits)
         if sources is None:
             continue
@@ -92,11 +92,14 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
         rows = []
         for j, (fitted, key, fixed) in per_j.items():
             p = _full_params(fitted.params(key), kind)
+            cells = _cells(de, t, j)
+            box, limited = _reach_box(sweep_box, cells, K)
             opt = alloc.optimum(p, bm, delta, **box, **fixed)
             row = {"task": t, "j_index": j, "threshold": float(de.thresholds[t][j]), "kind": kind, **opt,
                    "params": p, "box": {"sigma": list(box["sigma_range"]), "N": list(box["n_range"])},
                    "swept": {"sigma": [min(s_lv), max(s_lv)], "N": [min(n_lv), max(n_lv)]},
                    "free": {"sigma": "fix_sigma" not in fixed, "N": "fix_n" not in fixed}}
+            row["reach_limited"] = limited
             row["edge"] = _edges(opt, row)
             row["extrapolated"] = {"sigma": not (min(s_lv) * (1 - 1e-9) <= opt["sigma"] <= max(s_lv) * (1 + 1e-9)),
                                    "N": not (min(n_lv) * (1 - 1e-9) <= opt["N"] <= max(n_lv) * (1 + 1e-9))}
@@ -118,7 +121,6 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
                               fitted.scope)
             row["scope"] = fitted.scope
             row["_samples"] = samples
-            cells = _cells(de, t, j)
             row["delta_sensitivity"] = _delta_sensitivity(p, bm, delta, box, fixed, cells, lv)
             _later(finalize, row, lambda row=row, p=p, fitted=fitted, key=key, fixed=fixed, box=box, cells=cells,
                    bm=bm, bm_reps=bm_reps, b_ok=b_ok, lv=lv, kind=kind: {"region": _region(
@@ -137,8 +139,9 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
             for row in rows:
                 fitted, key, _ = per_j[row["j_index"]]
                 p = _full_params(fitted.params(key), kind)
-                so = alloc.optimum_numerical(p, bm, delta, fix_n=base["N"], **box)
-                no = alloc.optimum_numerical(p, bm, delta, fix_sigma=base["sigma"], **box)
+                rbox = {"sigma_range": tuple(row["box"]["sigma"]), "n_range": tuple(row["box"]["N"])}
+                so = alloc.optimum_numerical(p, bm, delta, fix_n=base["N"], **rbox)
+                no = alloc.optimum_numerical(p, bm, delta, fix_sigma=base["sigma"], **rbox)
                 row["sigma_only"] = {"sigma": so["sigma"], "N": so["N"], "F": so["F"], "F_ratio": so["F"] / row["F"],
                                      "at_bound": so["at_bound"]}
                 row["N_only"] = {"sigma": no["sigma"], "N": no["N"], "F": no["F"], "F_ratio": no["F"] / row["F"],
@@ -149,6 +152,25 @@ def _allocation(de: DataEfficiency, table, st: Settings, reps: Replicates, tasks
         res["per_threshold"].extend(rows)
         res["power_laws"].extend(_budget_laws(t, rows, reps, st, finalize, capture))
     return res
+
+
+def _reach_box(box: dict, cells: dict, K: float) -> tuple[dict, dict]:
+    """The search box of one threshold: the sweep's box cut to the σ and N levels at which some measured
+    configuration reaches J (a law fitted on the cells that reach J says nothing about sizes that never
+    do: a capacity-bound N would otherwise look cheapest). Returns the box and which ends were cut."""
+    ok = np.isfinite(cells["D"]) & (cells["D"] > 0) & np.isfinite(cells["param_count"])
+    if not ok.any():
+        return box, {}
+    out, limited = dict(box), {}
+    for rk, ax, col in (("sigma_range", "sigma", "utd"), ("n_range", "N", "param_count")):
+        lo, hi = box[rk]
+        r_lo, r_hi = float(cells[col][ok].min()) / K, float(cells[col][ok].max()) * K
+        if r_lo > lo * (1 + 1e-9):
+            limited[ax] = "lower"
+        if r_hi < hi * (1 - 1e-9):
+            limited[ax] = "upper" if ax not in limited else "both"
+        out[rk] = (max(lo, r_lo), min(hi, r_hi))
+    return out, limited
 
 
 def _cells(de: DataEfficiency, t: str, j: int) -> dict:

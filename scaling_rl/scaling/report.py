@@ -145,9 +145,13 @@ def _optimum_cell(r: dict, ax: str) -> str:
     if not r["free"][ax]:
         return f"{_g(r[ax])} (fixed: not identified)"
     edge = (r.get("edge") or {}).get(ax)
+    word = {"sigma": "σ", "N": "N"}[ax]
+    if edge and (r.get("reach_limited") or {}).get(ax) in (edge, "both"):
+        bound = r["box"][ax][1 if edge == "upper" else 0]
+        return (f"{_g(bound)}: the {'largest' if edge == 'upper' else 'smallest'} {word} at which a measured "
+                f"configuration reaches J ({'larger' if edge == 'upper' else 'smaller'} ones never do)")
     if edge:
         bound = r["box"][ax][1 if edge == "upper" else 0]
-        word = {"sigma": "σ", "N": "N"}[ax]
         return (f"beyond the sweep ({'≥' if edge == 'upper' else '≤'} {_g(bound)}): extend {word} "
                 f"{'upward' if edge == 'upper' else 'downward'}")
     return _ci(iv) + (" (extrapolated)" if r.get("extrapolated", {}).get(ax) else "")
@@ -188,7 +192,8 @@ def _ten_x(fit: dict, rows: list[dict]) -> str:
     F0 = rows[0]["F"]
     Fmax = rows[-1]["F"]
     edges = sorted({f"{ {'sigma': 'σ', 'N': 'N'}[ax]} {'upward' if e == 'upper' else 'downward'}"
-                    for r in rows for ax, e in (r.get("edge") or {}).items()})
+                    for r in rows for ax, e in (r.get("edge") or {}).items()
+                    if (r.get("reach_limited") or {}).get(ax) not in (e, "both")})
     if 10 * F0 <= Fmax * (1 + 1e-9):
         lF = np.log([r["F"] for r in rows])
         x = math.log(10 * F0)
