@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from scaling_rl.errors import UsageError  # noqa: F401  (kept importable from here)
@@ -47,8 +48,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
-        print(f"scaling-rl: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except OSError as e:
+        # the file system said no (read-only, full, permission, a path through a file): the commands
+        # check their outputs before working (scaling_rl.io.output_*_problem), this is the fault
+        # that comes later. One line naming the path; SCALING_RL_TRACEBACK=1 shows the traceback.
+        if os.environ.get("SCALING_RL_TRACEBACK") or e.errno is None:
+            raise
+        return _fail(os_error_line(e))
+
+
+def os_error_line(e: OSError) -> str:
+    """`<path>: <strerror>` (both paths of a rename) for an OSError."""
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    reason = e.strerror or str(e)
+    return f"{where}: {reason}" if where else reason
+
+
+def _fail(message: str) -> int:
+    print(f"scaling-rl: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

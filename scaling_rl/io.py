@@ -55,3 +55,70 @@ def atomic_savefig(fig, path: str | os.PathLike, *, fmt: str | None = None, **kw
     fmt = fmt or Path(path).suffix.lstrip(".") or "png"
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=fmt, **kwargs)
+
+
+# ---- reading back what we wrote, and checking where we will write (before any work) ---------------
+def read_json_object(path: str | os.PathLike, *, what: str = "a JSON object") -> dict:
+    """The JSON object in `path`; `CorruptFile` (one line naming the file) when it is empty, not valid
+    JSON, or not an object. FileNotFoundError passes through (absence is the caller's business)."""
+    from scaling_rl.errors import CorruptFile
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise CorruptFile(path, f"not text (expected {what})") from None
+    except IsADirectoryError:
+        raise CorruptFile(path, f"is a directory (expected a file holding {what})") from None
+    if not text.strip():
+        raise CorruptFile(path, f"empty (expected {what})")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CorruptFile(path, f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise CorruptFile(path, f"holds a JSON {type(obj).__name__}, expected {what}")
+    return obj
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not os.path.lexists(p) and p.parent != p:
+        p = p.parent
+    return p
+
+
+def _why_not_writable(d: Path) -> str | None:
+    """None when files can be created in directory `d`, else why not (read-only file system, permission)."""
+    if os.access(d, os.W_OK | os.X_OK):
+        return None
+    try:
+        if os.statvfs(d).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    return "permission denied"
+
+
+def output_dir_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be used as an output directory (created if absent), or None. Writes nothing:
+    it is, or lies under, a file; or the directory (or its nearest existing ancestor) is not writable."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return f"{path} exists and is not a directory"
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        return f"{path} lies under {base}, which is not a directory"
+    why = _why_not_writable(base)
+    if why is not None:
+        return f"{path} cannot be written ({why}{'' if base == path else f' at {base}'})"
+    return None
+
+
+def output_file_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be (atomically re)written as a file, or None. Writes nothing."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{path} is a directory, not a file"
+    problem = output_dir_problem(path.parent)
+    return None if problem is None else f"cannot write {path}: {problem}"

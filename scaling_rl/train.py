@@ -289,7 +289,8 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
         checkpoint_every: int = 1, eval_every: int = 1,
         on_chunk: Callable[[int, Any], None] | None = None,
         seed_configs: typing.Sequence[Any] | None = None,
-        stop: Callable[[int, Any], Any] | None = None):
+        stop: Callable[[int, Any], Any] | None = None,
+        seed_ids: typing.Sequence[tuple[int, int]] | None = None):
     """Train `seeds` seeds of `agent_name` with `cfg` (its Config, or a dict for
     `Config.from_dict`) into `out_dir`; returns the tidy metrics DataFrame.
 
@@ -297,6 +298,9 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
     agent module's `PACKABLE` fields (learning rates, weight decay: optimiser state, not program);
     every other field must equal `cfg`'s. This is how the sweep packs trials differing in η into
     one vmapped program. The per-seed values are recorded in config.json (`seed_hparams`).
+    `seed_ids` (one (root seed, index) pair per seed) gives seed i the key
+    fold_in(PRNGKey(root), index) instead of fold_in(PRNGKey(seed), i): a packed trial's seeds then
+    follow exactly the random streams they have when the trial runs alone (recorded as `seed_ids`).
 
     Resumes from the newest checkpoint in `out_dir` (the config must match the one there);
     returns the stored table at once when the run is already complete. Checkpoints every
@@ -338,6 +342,13 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
         raise ConfigError(f"eval_every: {eval_every} applies to eval_schedule='linear' only; "
                           "with eval_schedule='log' set eval_points instead")
     seed_hparams = _seed_hparams(agent_name, mod, cfg, seeds, seed_configs)
+    if seed_ids is not None:
+        try:
+            seed_ids = [[int(r), int(i)] for r, i in seed_ids]
+        except (TypeError, ValueError):
+            raise ConfigError("seed_ids: expected one (root seed, index) pair of integers per seed") from None
+        if len(seed_ids) != seeds or any(r < 0 or not 0 <= i < 2 ** 32 for r, i in seed_ids):
+            raise ConfigError(f"seed_ids: expected {seeds} (root seed >= 0, index >= 0) pairs, got {len(seed_ids)}")
     try:
         agent = mod.make(cfg)
         from scaling_rl.nets import memory   # estimated peak memory vs the budget (docs/deep_stacks.md)
@@ -349,16 +360,21 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
     record = {"agent": agent_name, "config": _config_dict(cfg), "seeds": seeds, "seed": seed}
     if seed_hparams is not None:
         record["seed_hparams"] = seed_hparams
+    if seed_ids is not None:
+        record["seed_ids"] = seed_ids
     config_path, status_path = out / "config.json", out / "status.json"
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"out: {out} exists and is not a directory")
+    if (problem := io.output_dir_problem(out)) is not None:
+        raise ConfigError(f"out: {problem}")
     if config_path.exists():
-        old = json.loads(config_path.read_text())
+        old = _read_run_file(config_path)
         old_record = {k: old.get(k) for k in record}
         old_record["config"] = _with_new_defaults(old_record["config"], cfg)
         if old_record != record:
             raise ConfigError(f"out: {out} holds a different run ({_first_difference(old_record, record)}); "
                               "use a new --out or the same config to resume")
+    if status_path.exists():   # refused or answered before the lock file is made: a done run is final
+        if (done := _done_table(out, _read_run_file(status_path))) is not None:
+            return done
     out.mkdir(parents=True, exist_ok=True)
     from scaling_rl import multiprocess
 
@@ -368,15 +384,37 @@ def run(agent_name: str, cfg: Any, out_dir: str | os.PathLike, seeds: int, *, se
             io.atomic_write_json(config_path, {**record, "param_count": int(agent.param_count),
                                                "num_chunks": int(agent.num_chunks),
                                                "versions": _versions()})
-        status = json.loads(status_path.read_text()) if status_path.exists() else {}
-        if status.get("status") == "done" and (out / "metrics.parquet").exists():
-            import pandas as pd
-
-            return pd.read_parquet(out / "metrics.parquet")
+        status = _read_run_file(status_path) if status_path.exists() else {}
+        if (done := _done_table(out, status)) is not None:
+            return done
         if status.get("status") == "diverged":
             raise Diverged(status.get("step", 0), f"already diverged at env step {status.get('step', 0)}")
-        return _loop(agent_name, mod, cfg, agent, out, seeds, seed, wandb, progress, checkpoint_every,
-                     eval_every, on_chunk, seed_hparams, stop)
+        return _loop(agent_name, mod, cfg, agent, out, seeds, seed if seed_ids is None else seed_ids, wandb,
+                     progress, checkpoint_every, eval_every, on_chunk, seed_hparams, stop)
+
+
+def _read_run_file(path: Path) -> dict:
+    """A run directory's config.json / status.json as a dict; ConfigError (one line) when it is
+    empty, not JSON or not an object (a run never writes such a file: the directory is not ours)."""
+    from scaling_rl.errors import CorruptFile
+
+    try:
+        return io.read_json_object(path)
+    except CorruptFile as e:
+        raise ConfigError(f"out: {e}; not a run this command wrote: use a new --out (or remove the file)") from None
+
+
+def _done_table(out: Path, status: dict):
+    """The stored table of a finished run (None when the run is not done); ConfigError when unreadable."""
+    if status.get("status") != "done" or not (out / "metrics.parquet").exists():
+        return None
+    import pandas as pd
+
+    try:
+        return pd.read_parquet(out / "metrics.parquet")
+    except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ...
+        raise ConfigError(f"out: {out / 'metrics.parquet'}: not a readable parquet table "
+                          f"({type(e).__name__}); use a new --out") from None
 
 
 def _with_new_defaults(old_config: Any, cfg: Any) -> Any:
@@ -482,6 +520,25 @@ def _loop(agent_name, mod, cfg, agent, out: Path, seeds, seed, wandb_opts, progr
         job.close(finished)
 
 
+def seed_keys(seed, seeds: int):
+    """The init keys of a run's seeds: fold_in(PRNGKey(seed), i), or, when `seed` is a list of
+    (root, index) pairs (`run`'s `seed_ids`), fold_in(PRNGKey(root), index) per seed."""
+    import jax
+
+    if isinstance(seed, int):
+        root = jax.random.PRNGKey(seed)
+        return jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(seeds, dtype=np.uint32))
+    by_root: dict[int, list[int]] = {}
+    for j, (r, _) in enumerate(seed):
+        by_root.setdefault(int(r), []).append(j)
+    keys = [None] * len(seed)
+    for r, rows in by_root.items():   # one vmapped fold per root: the same bits as the int path
+        got = seed_keys(r, 1 + max(int(seed[j][1]) for j in rows))
+        for j in rows:
+            keys[j] = got[int(seed[j][1])]
+    return jax.numpy.stack(keys)
+
+
 class _Programs:
     """A run's jitted programs (init, chunk, eval; seed-vmapped), each prepared once, through the
     program cache when the agent allows it. `built` holds them in the order they were prepared."""
@@ -490,8 +547,7 @@ class _Programs:
         import jax
 
         self.agent = agent
-        root = jax.random.PRNGKey(seed)
-        self.seed_keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(seeds, dtype=np.uint32))
+        self.seed_keys = seed_keys(seed, seeds)
         # traced programs are cached next to the persistent compilation cache (when one is set):
         # a warm trial skips tracing and lowering as well as XLA compilation
         self.cache_dir = program_cache.default_dir() if _program_cacheable(mod, cfg) else None
@@ -774,8 +830,7 @@ def load_state(out_dir: str | os.PathLike, step: int | None = None):
     record = json.loads((out / "config.json").read_text())
     mod = agent_module(record["agent"])
     agent = mod.make(mod.Config.from_dict(record["config"]))
-    root = jax.random.PRNGKey(record["seed"])
-    keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(record["seeds"], dtype=np.uint32))
+    keys = seed_keys(record.get("seed_ids") or record["seed"], record["seeds"])
     abstract = jax.eval_shape(jax.vmap(lambda k: _strip_weak_types(agent.init(k))), keys)
     from scaling_rl.checkpoint import Checkpointer
 

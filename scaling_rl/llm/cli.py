@@ -49,6 +49,37 @@ def load_config_file(path: str) -> dict:
     return data
 
 
+# The record each trainer keeps in its run directory; what other commands leave there (a train run or a
+# sweep trial: config.json / status.json; a sweep store: trials/, sweep.json; a saved model: config.json).
+_OWN_RECORD = {"grpo": "grpo_config.json", "dpo": "dpo_config.json"}
+_FOREIGN = ("config.json", "status.json", "sweep.json", "trials")
+
+
+def check_run_dir(out: str, kind: str) -> None:
+    """Refuse (one line, before anything is written) an --out that cannot be written, holds another
+    kind of run (a train run, a sweep store or trial, a saved model, the other trainer's run), or
+    holds this trainer's record unreadable."""
+    from scaling_rl import io
+    from scaling_rl.errors import CorruptFile
+
+    if (problem := io.output_dir_problem(out)) is not None:
+        raise _usage_error(f"--out: {problem}")
+    d = Path(out)
+    if not d.is_dir():
+        return
+    others = [f for f in (*_FOREIGN, *(r for k, r in _OWN_RECORD.items() if k != kind)) if (d / f).exists()]
+    own = d / _OWN_RECORD[kind]
+    if others or ((d / "metrics.parquet").exists() and not own.exists()):
+        what = others[0] if others else "metrics.parquet"
+        raise _usage_error(f"--out {out}: holds {what}, not a {kind} run's files (a train run, sweep, saved "
+                           f"model or another trainer's run?); give a new directory")
+    if own.exists():
+        try:
+            io.read_json_object(own, what=f"a {kind} config")
+        except CorruptFile as e:
+            raise _usage_error(f"--out: {e}; use a new directory (or remove the file)") from None
+
+
 def _config_and_run(args, config_cls, run):
     """The config from --config and KEY=VALUE overrides, then `run(config, args.out)`; bad keys or
     values and a bad out_dir become one-line usage errors. Returns (config, metrics frame)."""
@@ -67,6 +98,7 @@ def _config_and_run(args, config_cls, run):
 
 
 def cmd_grpo(args) -> int:
+    check_run_dir(args.out, "grpo")   # before torch / transformers are imported
     from scaling_rl.llm.grpo_run import run
     from scaling_rl.llm.trainer import GRPOConfig
     _, df = _config_and_run(args, GRPOConfig, run)
@@ -79,6 +111,7 @@ def cmd_grpo(args) -> int:
 
 
 def cmd_dpo(args) -> int:
+    check_run_dir(args.out, "dpo")
     from scaling_rl.llm.dpo import DPOConfig, run
     config, df = _config_and_run(args, DPOConfig, run)
     ev = df.dropna(subset=["eval/pref_accuracy"])
@@ -106,6 +139,9 @@ def cmd_passk(args) -> int:
     out = Path(args.out)
     if out.suffix not in (".csv", ".json", ".parquet"):
         raise _usage_error(f"--out {args.out}: use a .csv, .json or .parquet file")
+    from scaling_rl.io import output_file_problem
+    if (problem := output_file_problem(out)) is not None:
+        raise _usage_error(f"--out: {problem}")
     if not (Path(args.model) / "config.json").is_file():
         raise _usage_error(f"--model {args.model}: not a saved policy directory (no config.json)")
     if args.n < 1 or args.problems < 1:

@@ -74,6 +74,28 @@ def register(subparsers) -> None:
     q.set_defaults(func=run_plot)
 
 
+def check_fit_args(args) -> None:
+    """The numeric flags no law can use, and an --out that cannot be written: one-line UsageError
+    before anything is read or written (Settings.validate checks the rest)."""
+    from .. import io
+    from ..errors import UsageError
+
+    if not (math.isfinite(args.extrapolate) and args.extrapolate >= 1):
+        raise UsageError(f"--extrapolate: {args.extrapolate:g} must be a factor >= 1 (1 = stay inside the sweep)")
+    if not (math.isfinite(args.huber_delta) and args.huber_delta > 0):
+        raise UsageError(f"--huber-delta: {args.huber_delta:g} must be a finite number > 0 (log units)")
+    if args.thresholds is not None:
+        bad = [j for j in args.thresholds if not math.isfinite(j)]
+        if args.normalize == "task":   # normalised returns lie in [0, 1]: J outside (0, 1] is never (or always) met
+            bad = [j for j in args.thresholds if not (math.isfinite(j) and 0 < j <= 1)]
+        if bad:
+            rule = "in (0, 1] (normalised return units; --normalize none for raw returns)" \
+                if args.normalize == "task" else "finite"
+            raise UsageError(f"--thresholds: {bad[0]:g} must be {rule}")
+    if (problem := io.output_dir_problem(args.out)) is not None:
+        raise UsageError(f"--out: {problem}")
+
+
 def run_fit(args) -> int:
     from ..errors import UsageError
     from .analysis import Settings, analyze
@@ -81,10 +103,7 @@ def run_fit(args) -> int:
     from .report import write_outputs
 
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {out} exists and is not a directory")
-    if not (math.isfinite(args.extrapolate) and args.extrapolate >= 1):
-        raise UsageError(f"--extrapolate: {args.extrapolate:g} must be a factor >= 1 (1 = stay inside the sweep)")
+    check_fit_args(args)
     settings = Settings(thresholds=args.thresholds, n_thresholds=args.n_thresholds, spacing=args.spacing,
                         normalize=args.normalize, interpolation=args.interpolation, n_bootstrap=args.bootstrap,
                         level=args.level, loss=args.loss, huber_delta=args.huber_delta,
@@ -123,6 +142,9 @@ def run_plot(args) -> int:
         raise UsageError(str(e)) from None
     src = Path(args.fit_dir)
     out = Path(args.out) if args.out else (src if src.is_dir() else src.parent)
+    from .. import io
+    if (problem := io.output_dir_problem(out)) is not None:
+        raise UsageError(f"--out: {problem}")
     for path in plot_all(fit, out):
         print(path)
     return 0

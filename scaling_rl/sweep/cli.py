@@ -33,6 +33,7 @@ def _cmd_run(args) -> int:
         raise _usage(str(e)) from None
     except ValueError as e:  # e.g. an unreadable $SCALING_RL_MEMORY_BUDGET
         raise _usage(" ".join(str(e).split())) from None
+    spec = _check_store(spec, args)
     if args.dry_run and spec.adaptive is None:
         from rich.console import Console
         from rich.table import Table
@@ -57,6 +58,27 @@ def _cmd_run(args) -> int:
           + f" -> {spec.out_dir}" + ("" if not (c["pending"] or c["running"]) else
                                      f" (eta {format_eta(summary['eta_s'])})"))
     return 0 if c["failed"] == 0 else 1
+
+
+def _check_store(spec, args):
+    """Refuse, before anything is written, a store that is not this spec's (another sweep, a `train`
+    run, an unreadable sweep.json: unless --force), one of whose trials this spec would run is
+    unreadable, or an out_dir that cannot be written. Returns the spec with its resolved name in the
+    record (`raw`), so sweep.json always says whose store it is."""
+    import dataclasses
+
+    from scaling_rl import io
+    from scaling_rl.sweep.store import Store
+
+    store = Store(spec.out_dir)
+    if not args.force and (why := store.foreign(spec.name, spec.agent)) is not None:
+        raise _usage(f"out_dir: {why}")
+    for t in spec.trials:
+        if store.trial_dir(t.id).exists() and (why := store.unreadable(t.id)) is not None:
+            raise _usage(f"out_dir: trial {t.id}: {why}; remove that trial directory to rerun it")
+    if not args.dry_run and (problem := io.output_dir_problem(spec.out_dir)) is not None:
+        raise _usage(f"out_dir: {problem}")
+    return dataclasses.replace(spec, raw={**spec.raw, "name": spec.name})
 
 
 def _run_adaptive(spec, args) -> int:
@@ -90,9 +112,10 @@ def _cmd_status(args) -> int:
     from scaling_rl.sweep.collect import format_eta, status_summary
 
     s = status_summary(_store_dir(args.dir))
+    bad = s["unreadable"]
     if args.json:
         print(json.dumps(s, indent=2, default=str))
-        return 0
+        return _unreadable_error(bad)
     from rich.console import Console
     from rich.table import Table
     table = Table(title=f"sweep {s['root']}: {s['total']} trials")
@@ -100,7 +123,7 @@ def _cmd_status(args) -> int:
     table.add_column("trials", justify="right")
     table.add_column("share", justify="right")
     for state, n in s["counts"].items():
-        if n or state in ("pending", "running", "done"):
+        if n or state in ("pending", "running", "done"):   # `unreadable` only when there is one
             table.add_row(state, str(n), f"{100 * n / max(1, s['total']):.0f}%")
     console = Console()
     console.print(table)
@@ -119,12 +142,16 @@ def _cmd_status(args) -> int:
     if args.trials:
         from scaling_rl.sweep.store import Store
         store = Store(args.dir)
-        axes = sorted({k for t in store.trial_ids() for k in store.trial(t).axes})
+        why = dict(bad)
+        axes = sorted({k for t in store.trial_ids() if t not in why for k in store.trial(t).axes})
         per = Table(title="trials")
         per.add_column("trial", no_wrap=True)
         for col in (*axes, "status", "stopped", "attempts", "wall_s", "host", "error"):
             per.add_column(col)
         for tid in store.trial_ids():
+            if tid in why:   # listed as such, with the reason; the others as usual
+                per.add_row(tid, *("" for _ in axes), "unreadable", "", "", "", "", why[tid][-60:])
+                continue
             st, trial = store.status(tid), store.trial(tid)
             stopped = ""   # early stopping: reason @ env step (saved env steps)
             if st.get("stopped_early"):
@@ -133,15 +160,29 @@ def _cmd_status(args) -> int:
                         stopped, str(st.get("attempts", 0)), str(st.get("wall_s", "")), str(st.get("host", "")),
                         str(st.get("error") or "")[:60])
         console.print(per)
-    return 0
+    return _unreadable_error(bad)
+
+
+def _unreadable_error(bad) -> int:
+    """Exit 0, or (a trial's files are corrupt) one line naming it on stderr and exit 2."""
+    if not bad:
+        return 0
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    msg = " ".join(f"{len(bad)} trial(s) unreadable: {bad[0][0]}: {bad[0][1]}{more}".split())
+    print(f"scaling-rl: error: {msg}", file=sys.stderr)
+    return 2
 
 
 def _cmd_collect(args) -> int:
     from scaling_rl.sweep.collect import RESULTS, collect
 
+    from scaling_rl.sweep.collect import check_results_path
+
     root = _store_dir(args.dir)
     out = args.out or str(root / RESULTS)
-    df = collect(root, out=out, progress=not args.no_progress)
+    if (problem := check_results_path(root, out)) is not None:
+        raise _usage(problem)
+    df = collect(root, out=out, progress=not args.no_progress)   # CorruptFile: one line, nothing written
     n_trials = df["trial_id"].nunique() if len(df) else 0
     print(f"{out}: {len(df)} rows from {n_trials} trials")
     return 0
@@ -167,6 +208,9 @@ def register(subparsers) -> None:
     r.add_argument("--retry-diverged", action="store_true", help="rerun diverged trials too")
     r.add_argument("--no-wait", action="store_true", help="slurm: submit and return")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--force", action="store_true",
+                   help="run in an out_dir that holds another sweep (or a train run, or an unreadable "
+                        "sweep.json): add this spec's trials there and rewrite its sweep.json")
     r.add_argument("--adaptive", action="store_true",
                    help="run the spec's grid as an adaptive study (default design; see sweep.adaptive); "
                         "a spec with an `adaptive:` block is always run adaptively")

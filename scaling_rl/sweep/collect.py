@@ -6,7 +6,8 @@ import math
 import time
 from pathlib import Path
 
-from scaling_rl.io import atomic_write_parquet
+from scaling_rl.errors import CorruptFile
+from scaling_rl.io import atomic_write_parquet, output_file_problem, read_json_object
 from scaling_rl.sweep.store import STATES, Store
 
 RESULTS = "results.parquet"
@@ -19,10 +20,65 @@ def _param_count(store: Store, tid: str, st: dict):
         return int(st["param_count"])
     cfg = store.trial_dir(tid) / "config.json"
     if cfg.exists():
-        with_count = json.loads(cfg.read_text()).get("param_count")
+        with_count = read_json_object(cfg, what="a run record").get("param_count")
         if with_count is not None:
             return int(with_count)
     return None
+
+
+def _read_metrics(path: Path):
+    """A trial's metrics table; CorruptFile (naming the file) when it is not a readable parquet table."""
+    import pandas as pd
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... on a damaged file
+        raise CorruptFile(path, f"not a readable parquet table ({type(e).__name__})") from None
+    if not df.empty and "seed" not in df.columns:
+        raise CorruptFile(path, "no `seed` column: not a trial's metrics table")
+    return df
+
+
+def _trial_frame(store: Store, tid: str):
+    """One trial's rows of the tidy table (None when it has no metrics yet); CorruptFile on a bad file."""
+    path = store.trial_dir(tid) / "metrics.parquet"
+    trial, st = store.trial(tid), store.status(tid)   # both checked even for a trial without metrics
+    if not path.exists():
+        return None
+    df = _read_metrics(path)
+    if df.empty:
+        return None
+    df = df.rename(columns={"seed": "seed_index"})
+    df["seed_index"] = df["seed_index"].astype("int64")
+    df["trial_seed"] = trial.seed
+    df["seeds"] = trial.seeds
+    df["seed"] = trial.seed * trial.seeds + df["seed_index"]
+    df["trial_id"] = tid
+    df["agent"] = trial.agent
+    df["status"] = st.get("state", "pending")
+    df["param_count"] = _param_count(store, tid, st)
+    df["stopped_early"] = st.get("stopped_early")
+    df["stop_step"] = float(st["stop_step"]) if st.get("stop_step") is not None else float("nan")
+    for k, v in trial.config.items():
+        col = f"cfg_{k}" if k in df.columns else k
+        df[col] = json.dumps(v) if isinstance(v, (list, dict)) else v
+    return df
+
+
+def check_results_path(root, out) -> str | None:
+    """Why `out` may not receive the collected table of store `root` (one line), or None: not .parquet,
+    a directory, unwritable, or inside the store's own folders (trials/, adaptive/, .jax_cache/); the
+    store's sweep.json is not .parquet, so it is refused too."""
+    out, root = Path(out), Path(root)
+    if out.suffix != ".parquet":
+        return f"--out {out}: the table is parquet; give a .parquet path"
+    try:
+        rel = out.resolve().relative_to(root.resolve())
+    except ValueError:
+        rel = None
+    if rel is not None and rel.parts and rel.parts[0] in ("trials", "adaptive", ".jax_cache"):
+        return f"--out {out}: a file of the sweep store {root} itself; give a path outside trials/ and adaptive/"
+    problem = output_file_problem(out)
+    return None if problem is None else f"--out: {problem}"
 
 
 def collect(root, *, out: str | None = None, progress: bool = False):
@@ -36,6 +92,8 @@ def collect(root, *, out: str | None = None, progress: bool = False):
     stopped trial carries `stopped_early` ("reached" | "unreachable"; None for a trial that ran its
     budget) and `stop_step` (its last env step; NaN when not stopped), which `scaling.data` uses to
     put replicas stopped at different steps on one grid. A stopped trial keeps all its rows.
+    A trial whose trial.json, trial_status.json or metrics.parquet cannot be read raises CorruptFile
+    naming the first such file and trial before anything is written.
     """
     import pandas as pd
 
@@ -46,29 +104,21 @@ def collect(root, *, out: str | None = None, progress: bool = False):
     if progress and tids:
         from rich.progress import track
         it = track(tids, description="collect", transient=True)
+    bad = []
     for tid in it:
-        path = store.trial_dir(tid) / "metrics.parquet"
-        if not path.exists():
+        try:
+            df = _trial_frame(store, tid)
+        except CorruptFile as e:
+            bad.append((tid, e))
             continue
-        df = pd.read_parquet(path)
-        if df.empty:
-            continue
-        trial, st = store.trial(tid), store.status(tid)
-        df = df.rename(columns={"seed": "seed_index"})
-        df["seed_index"] = df["seed_index"].astype("int64")
-        df["trial_seed"] = trial.seed
-        df["seeds"] = trial.seeds
-        df["seed"] = trial.seed * trial.seeds + df["seed_index"]
-        df["trial_id"] = tid
-        df["agent"] = trial.agent
-        df["status"] = st.get("state", "pending")
-        df["param_count"] = _param_count(store, tid, st)
-        df["stopped_early"] = st.get("stopped_early")
-        df["stop_step"] = float(st["stop_step"]) if st.get("stop_step") is not None else float("nan")
-        for k, v in trial.config.items():
-            col = f"cfg_{k}" if k in df.columns else k
-            df[col] = json.dumps(v) if isinstance(v, (list, dict)) else v
-        frames.append(df)
+        if df is not None:
+            frames.append(df)
+    if bad:   # refuse before writing: a table silently missing trials would bias every fit made from it
+        tid, e = bad[0]
+        more = f" (and {len(bad) - 1} more: {', '.join(t for t, _ in bad[1:4])}{' ...' if len(bad) > 4 else ''})" \
+            if len(bad) > 1 else ""
+        raise CorruptFile(e.path, f"{e.problem}; trial {tid} unreadable{more}: rerun or remove the trial, "
+                          "nothing was collected")
     if frames:
         table = pd.concat(frames, ignore_index=True)
         first = [c for c in KEY_COLUMNS if c in table.columns]
@@ -82,15 +132,22 @@ def collect(root, *, out: str | None = None, progress: bool = False):
 
 
 def status_summary(root) -> dict:
-    """Counts per state (a `running` trial whose runner died shows as `interrupted`) and an ETA;
+    """Counts per state (a `running` trial whose runner died shows as `interrupted`; one whose trial.json or
+    trial_status.json is corrupt as `unreadable`, listed with why in `unreadable`) and an ETA;
     `early_stop`: trials stopped early (stopped, reached, unreachable) and the env steps / FLOPs
     they saved (saved_flops None when some stopped trial's FLOPs could not be computed)."""
     store = Store(root)
-    counts = {s: 0 for s in (*STATES, "interrupted")}
+    counts = {s: 0 for s in (*STATES, "interrupted", "unreadable")}
     walls, running_elapsed, diverged = [], [], []
     es = {"stopped": 0, "reached": 0, "unreachable": 0, "saved_env_steps": 0, "saved_flops": 0.0}
     now = time.time()
+    unreadable = []
     for tid in store.trial_ids():
+        why = store.unreadable(tid)
+        if why is not None:
+            counts["unreadable"] += 1
+            unreadable.append((tid, why))
+            continue
         st = store.status(tid)
         state = store.effective_state(tid, st)
         counts[state] += 1
@@ -116,7 +173,7 @@ def status_summary(root) -> dict:
         eta = max(0.0, (left * mean - sum(min(e, mean) for e in running_elapsed)) / lanes)
     return {"root": str(store.root), "total": total, "counts": counts, "eta_s": eta,
             "mean_trial_s": (sum(walls) / len(walls)) if walls else None, "diverged": diverged,
-            "early_stop": es}
+            "early_stop": es, "unreadable": unreadable}
 
 
 def format_eta(seconds) -> str:

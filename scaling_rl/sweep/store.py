@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from scaling_rl.io import atomic_write_json
+from scaling_rl.errors import CorruptFile
+from scaling_rl.io import atomic_write_json, read_json_object
 from scaling_rl.sweep.trial import Trial
 
 STATES = ("pending", "running", "done", "failed", "diverged")
@@ -121,14 +122,34 @@ class Store:
         return new
 
     def trial(self, tid: str) -> Trial:
-        return Trial.from_json(json.loads((self.trial_dir(tid) / "trial.json").read_text()))
+        """The trial's record; CorruptFile (one line naming the file) when trial.json is unreadable."""
+        path = self.trial_dir(tid) / "trial.json"
+        d = read_json_object(path, what="a trial record")
+        try:
+            return Trial.from_json(d)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptFile(path, f"not a trial record ({type(e).__name__}: {e})") from None
 
     # ---- status ------------------------------------------------------------------------------
     def status(self, tid: str) -> dict:
+        """The trial's status (pending when absent); CorruptFile when trial_status.json is unreadable."""
+        path = self.trial_dir(tid) / "trial_status.json"
         try:
-            return json.loads((self.trial_dir(tid) / "trial_status.json").read_text())
+            st = read_json_object(path, what="a trial status")
         except FileNotFoundError:
             return {"state": "pending", "trial_id": tid, "attempts": 0}
+        if st.get("state", "pending") not in STATES:
+            raise CorruptFile(path, f"unknown state {st.get('state')!r}; allowed: {', '.join(STATES)}")
+        return st
+
+    def unreadable(self, tid: str) -> str | None:
+        """Why the trial's trial.json or trial_status.json cannot be read (one line), or None."""
+        try:
+            self.trial(tid)
+            self.status(tid)
+        except CorruptFile as e:
+            return str(e)
+        return None
 
     def write_status(self, claim: Claim, state: str, **fields) -> dict:
         """Update the claimed trial's status (only the claim holder writes it)."""
@@ -181,14 +202,49 @@ class Store:
         return state
 
     def counts(self) -> dict[str, int]:
-        out = {s: 0 for s in (*STATES, "interrupted")}
+        """Trials per effective state; `unreadable`: trials whose trial.json / trial_status.json is corrupt."""
+        out = {s: 0 for s in (*STATES, "interrupted", "unreadable")}
         for tid in self.trial_ids():
-            out[self.effective_state(tid)] += 1
+            out["unreadable" if self.unreadable(tid) else self.effective_state(tid)] += 1
         return out
 
     def statuses(self) -> Iterator[tuple[str, dict]]:
         for tid in self.trial_ids():
             yield tid, self.status(tid)
+
+    # ---- ownership ---------------------------------------------------------------------------
+    def owner(self) -> dict | None:
+        """The spec this store belongs to, from sweep.json ({"name", "agent"}); None when the store
+        has no record yet. CorruptFile when sweep.json is unreadable."""
+        try:
+            rec = read_json_object(self.root / "sweep.json", what="a sweep record")
+        except FileNotFoundError:
+            return None
+        spec = rec.get("spec")
+        if not isinstance(spec, dict):
+            raise CorruptFile(self.root / "sweep.json", "no `spec` mapping: not a sweep record")
+        return {"name": spec.get("name"), "agent": spec.get("agent")}
+
+    def foreign(self, name: str, agent: str) -> str | None:
+        """Why a spec (`name`, `agent`) may not run in this store (one line), or None. A store belongs to
+        one spec, by name and agent (the same spec with more grid values or seeds extends it); a
+        directory holding a `train` run (config.json / status.json, no trials/) is not a store."""
+        if not self.root.exists():
+            return None
+        if not self.root.is_dir():
+            return f"{self.root} is not a directory"
+        if not self.trials_dir.exists() and any((self.root / f).exists() for f in ("config.json", "status.json")):
+            return f"{self.root} holds a single `train` run (config.json / status.json), not a sweep store"
+        try:
+            own = self.owner()
+        except CorruptFile as e:
+            return f"{e}; cannot tell which sweep the store belongs to"
+        if own is None:
+            return None
+        if own["agent"] != agent or (own["name"] is not None and own["name"] != name):   # no name: legacy record
+            return (f"{self.root} holds sweep {own['name']!r} (agent {own['agent']}), not {name!r} (agent {agent}); "
+                    "give another out_dir, or --force to add this spec's trials to that store")
+        return None
 
     def write_sweep_record(self, spec_raw: dict, trial_ids: list[str]) -> None:
         atomic_write_json(self.root / "sweep.json", {"spec": json.loads(json.dumps(spec_raw, default=str)),
