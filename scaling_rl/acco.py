@@ -21,16 +21,23 @@ zero-delay case, equal to ordinary data-parallel training. Everything here is wr
 inside a `jax.shard_map` over `axis` (`Acco.shard_mapped` wraps it); on one process the two branches of a
 round are independent in the dataflow, which is what lets a runtime overlap them. Micro-batches arrive
 stacked, (M, micro_batch, ...), and `count` (≤ M, per device) says how many to use.
+
+`Acco` and `learner_update` run a whole update as ONE program (the numbers of ACCO, not its overlap);
+`OverlappedAcco` (end of this file) runs separate compute and communication programs from the host,
+overlapped, with run-time micro-batch counts per device (docs/acco.md).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from scaling_rl import zero
 
@@ -181,7 +188,9 @@ def learner_update(loss_fn: Callable, opts, mesh, mode: str = "acco", axis: str 
     pending + half 1, half 2 at θ̃ (pending for the next update) -- for a loss over in-batch negatives
     (CRL's InfoNCE) a micro-batch then has half the negatives. The first update has no pending
     gradient (count 0). Returns `f(params, opt_states, pending, batch, extra) -> (params, opt_states,
-    pending, loss, aux)`, loss and aux `pmean`ed, those of the micro-batch(es) computed at θ_t."""
+    pending, loss, aux)`, loss and aux `pmean`ed, those of the micro-batch(es) computed at θ_t.
+    Both rounds are one traced program with fixed counts: nothing overlaps on the host and no device can
+    accumulate fewer micro-batches; `OverlappedAcco` below is the learner that does both."""
     if mode not in MODES:
         raise ValueError(f"acco: unknown mode {mode!r}; use one of {', '.join(MODES)}")
     value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
@@ -224,3 +233,266 @@ def learner_update(loss_fn: Callable, opts, mesh, mode: str = "acco", axis: str 
             params, opt_states, pending, batch, extra)
 
     return f
+
+
+# ---- the overlapped learner: one host loop, separate compute and communication programs --------------
+#
+# Everything above runs inside ONE jitted shard_map: both rounds of an update, with a count fixed when the
+# program is traced, so nothing can overlap on the host and no device can accumulate more or fewer
+# micro-batches because of how long the communication takes. `OverlappedAcco` is the learner that does:
+# per device a compiled `accumulate` program (one micro-batch gradient added to that device's sum; no
+# collective) and one compiled `communicate` program (the ZeRO-1 step: reduce-scatter, sharded
+# optimiser step, all-gather; a shard_map over the mesh). A round dispatches `communicate` (JAX returns at
+# once: it runs asynchronously) and then, in one host thread per device, runs `accumulate` until that
+# communication has finished; so every device computes while the collective runs, and a slow device
+# simply contributes fewer micro-batches. The update divides Σ_devices sums by Σ_devices counts.
+
+OVERLAP_MODES = ("ddp", "zero1", "acco")
+# compiled programs shared by learners with the same loss / optimiser / mesh (jit caches per function object)
+_PROGRAMS: dict = {}
+
+
+class OverlapState(NamedTuple):
+    """The overlapped learner's state (outside any shard_map). `params`: replicated global arrays;
+    `opt_state`: ZeRO-1 layout (zero1, acco) or replicated (ddp); `pending`: per device (mesh order),
+    its gradient / loss / aux sums at the estimate θ̃ not yet applied (acco; arrays on that device);
+    `pending_count`: per device, how many micro-batches they hold."""
+    params: Any
+    opt_state: Any
+    pending: tuple
+    pending_count: tuple
+
+
+class _Comm:
+    """One dispatched communication round. `done()` without blocking; `result()` blocks. With a
+    simulated link latency the dispatch waits that long in a host thread first (benchmarks)."""
+
+    def __init__(self, fn, args, latency_s: float, pool):
+        self._fut = self._out = None
+        if latency_s > 0:
+            self._fut = pool.submit(lambda: jax.block_until_ready((time.sleep(latency_s), fn(*args))[1]))
+        else:
+            self._out = fn(*args)
+
+    def done(self) -> bool:
+        if self._fut is not None:
+            return self._fut.done()
+        return all(x.is_ready() for x in jax.tree.leaves(self._out))
+
+    def result(self):
+        return self._fut.result() if self._fut is not None else self._out
+
+
+@dataclasses.dataclass
+class OverlappedAcco:
+    """ACCO (and, for comparison on the same machinery, DDP and ZeRO-1) as a host-driven learner.
+
+    `loss_fn(params, micro_batch, extra) -> (loss, aux)` (a mean over its micro-batch); `opts`: one
+    `zero.ShardedOptimizer` over `mesh` (n devices along `axis`). `update(state, source, extra)` runs one
+    optimiser update; `source(d, k)` returns micro-batch k (counted over the update) of device d (mesh
+    order), as arrays placed on that device or host arrays (then copied there).
+
+    mode "ddp": every device computes `micro` micro-batches at θ_t, then one collective (psum of the
+    sums) and a replicated optax step; "zero1": the same with the ZeRO-1 step (reduce-scatter, sharded
+    step, all-gather); "acco": two rounds, each a `communicate` dispatch overlapped with `accumulate`
+    calls until it finishes (module docstring; at least `min_micro`, at most `max_micro` per device and
+    round, `fixed` counts instead when given to `update`). `slowdown[d]` > 1 makes device d wait
+    (s - 1) x each micro-batch's measured compute time after it (a slow worker, for benchmarks), and
+    `latency_s` delays each communication's dispatch by that long in a host thread (a simulated link)."""
+    loss_fn: Callable
+    opts: zero.ShardedOptimizer
+    mesh: Any
+    mode: str = "acco"
+    micro: int = 1
+    min_micro: int = 1
+    max_micro: int | None = None
+    slowdown: tuple | None = None
+    latency_s: float = 0.0
+    axis: str = zero.DATA_AXIS
+
+    def __post_init__(self):
+        import concurrent.futures as cf
+
+        if self.mode not in OVERLAP_MODES:
+            raise ValueError(f"mode: unknown {self.mode!r}; use one of {', '.join(OVERLAP_MODES)}")
+        if not isinstance(self.opts, zero.ShardedOptimizer):
+            raise ValueError("opts: the overlapped learner takes one zero.ShardedOptimizer over all parameters")
+        self.devices = list(self.mesh.devices.flat)
+        n = len(self.devices)
+        if self.opts.n != n:
+            raise ValueError(f"opts: sharded {self.opts.n} ways, but the mesh has {n} devices along {self.axis!r}")
+        for key in ("micro", "min_micro"):
+            if int(getattr(self, key)) < 1:
+                raise ValueError(f"{key}: must be >= 1, got {getattr(self, key)}")
+        if self.max_micro is not None and self.max_micro < self.min_micro:
+            raise ValueError(f"max_micro: {self.max_micro} is below min_micro {self.min_micro}")
+        self.slowdown = tuple(float(s) for s in (self.slowdown or (1.0,) * n))
+        if len(self.slowdown) != n or min(self.slowdown) < 1:
+            raise ValueError(f"slowdown: one factor >= 1 per device ({n}), got {self.slowdown}")
+        self._pool = cf.ThreadPoolExecutor(n + 1)
+        self._programs: dict[str, Any] = {}
+        self.last_counts: list[list[int]] = []   # per round of the last update: micro-batches per device
+
+    # -- programs -----------------------------------------------------------------------------------
+    def _accumulate_program(self):
+        """(acc, params, micro_batch, extra) -> acc + (grads, loss, aux) of that micro-batch, acc's
+        gradient leaves with a leading axis of 1 (the device's row of the (n, ...) array). No collective."""
+        key = ("accumulate", self.loss_fn)
+        if key in _PROGRAMS:
+            self._programs["accumulate"] = _PROGRAMS[key]
+        if "accumulate" not in self._programs:
+            vg = jax.value_and_grad(self.loss_fn, has_aux=True)
+
+            def acc_fn(acc, params, mb, extra):
+                (loss, aux), g = vg(params, mb, extra)
+                new = (jax.tree.map(lambda a, b: a + b[None], acc[0], g), acc[1] + loss,
+                       jax.tree.map(lambda a, b: a + jnp.asarray(b, jnp.float32), acc[2], aux))
+                return new
+            self._programs["accumulate"] = _PROGRAMS[key] = jax.jit(acc_fn)
+        return self._programs["accumulate"]
+
+    def _communicate_program(self, opt_state):
+        """(grad sums (n, ...) split over devices, counts (n,), opt state, params) -> (params, opt
+        state): the whole communication of a round, one shard_map'd program."""
+        key = ("communicate", self.opts, self.mesh, self.mode == "ddp", self.axis)
+        if key in _PROGRAMS:
+            self._programs["communicate"] = _PROGRAMS[key]
+        if "communicate" not in self._programs:
+            ax, opt = self.axis, self.opts
+            if self.mode == "ddp":
+                spec = jax.tree.map(lambda _: P(), opt_state)
+
+                def step(g, c, s, p):
+                    total = jnp.maximum(jax.lax.psum(c[0], ax), 1.0)
+                    mean = jax.tree.map(lambda x: jax.lax.psum(x[0], ax) / total, g)
+                    if opt.max_grad_norm and opt.max_grad_norm > 0:
+                        mean, _ = optax.clip_by_global_norm(opt.max_grad_norm).update(mean, optax.EmptyState())
+                    upd, s = opt.tx.update(mean, s, p)
+                    return optax.apply_updates(p, upd), s
+            else:
+                spec = zero.state_specs(opt_state, ax)
+
+                def step(g, c, s, p):
+                    return opt.step(jax.tree.map(lambda x: x[0], g), c[0], s, p)
+            self._programs["communicate"] = _PROGRAMS[key] = jax.jit(jax.shard_map(
+                step, mesh=self.mesh, in_specs=(P(ax), P(ax), spec, P()), out_specs=(P(), spec)))
+        return self._programs["communicate"]
+
+    @property
+    def programs(self) -> dict:
+        """The compiled-on-first-use programs: {"accumulate": ..., "communicate": ...}."""
+        return dict(self._programs)
+
+    # -- state --------------------------------------------------------------------------------------
+    def _zero_acc(self, params, d, aux_shape):
+        z = (jax.tree.map(lambda p: jnp.zeros((1,) + jnp.shape(p), jnp.result_type(p)), params),
+             jnp.zeros((), jnp.float32), jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), aux_shape))
+        return jax.device_put(z, d)
+
+    def init(self, params, example_micro_batch, extra=None) -> OverlapState:
+        """The state at `params` (no pending gradient: the first update's estimate is θ_0 itself)."""
+        self._aux_shape = jax.eval_shape(lambda p, b: self.loss_fn(p, b, extra)[1], params, example_micro_batch)
+        rep = NamedSharding(self.mesh, P())
+        if self.mode == "ddp":
+            opt_state = jax.device_put(self.opts.tx.init(params), rep)
+        else:
+            state = self.opts.init(params)
+            opt_state = jax.device_put(state, jax.tree.map(
+                lambda s: NamedSharding(self.mesh, s), zero.state_specs(state, self.axis)))
+        self._zeros = [self._zero_acc(params, d, self._aux_shape) for d in self.devices]
+        return OverlapState(jax.device_put(params, rep), opt_state, tuple(self._zeros), (0,) * len(self.devices))
+
+    # -- one update ---------------------------------------------------------------------------------
+    def _local(self, params):
+        """Each device's own copy of replicated global `params`, in mesh order."""
+        n, idx = len(self.devices), {d: i for i, d in enumerate(self.devices)}
+
+        def per_device(leaf):
+            out = [None] * n
+            for s in leaf.addressable_shards:
+                out[idx[s.device]] = s.data
+            return out
+        leaves, tree = jax.tree.flatten(params)
+        cols = [per_device(x) for x in leaves]
+        return [jax.tree.unflatten(tree, [c[d] for c in cols]) for d in range(n)]
+
+    def _global(self, per_device_acc_grads):
+        """(1, ...) leaves, one per device -> (n, ...) global arrays split over the mesh axis."""
+        sharding = NamedSharding(self.mesh, P(self.axis))
+        n = len(self.devices)
+        return jax.tree.map(lambda *xs: jax.make_array_from_single_device_arrays(
+            (n,) + xs[0].shape[1:], sharding, list(xs)), *per_device_acc_grads)
+
+    def _work(self, d, params, acc, start_k, source, extra, comm, fixed):
+        """Device d: accumulate micro-batches at `params` until `comm` is done (or `fixed` of them)."""
+        step, dev, k = self._accumulate_program(), self.devices[d], 0
+        if fixed is not None and fixed <= 0:
+            return acc, 0
+        while True:
+            mb = jax.device_put(source(d, start_k + k), dev)
+            t0 = time.perf_counter()
+            acc = jax.block_until_ready(step(acc, params, mb, extra))
+            if self.slowdown[d] > 1:
+                time.sleep((self.slowdown[d] - 1) * (time.perf_counter() - t0))
+            k += 1
+            if fixed is not None:
+                if k >= fixed:
+                    return acc, k
+            elif k >= self.min_micro and (comm.done() or (self.max_micro is not None and k >= self.max_micro)):
+                return acc, k
+
+    def _round(self, params, accs, start_ks, source, extra, comm, fixed):
+        local = self._local(params)
+        extras = [jax.device_put(extra, d) for d in self.devices]
+        futs = [self._pool.submit(self._work, d, local[d], accs[d], start_ks[d], source, extras[d], comm,
+                                  None if fixed is None else int(fixed[d])) for d in range(len(self.devices))]
+        out = [f.result() for f in futs]
+        return [a for a, _ in out], [k for _, k in out]
+
+    def _communicate(self, state, accs, counts):
+        fn = self._communicate_program(state.opt_state)
+        g = self._global([a[0] for a in accs])
+        c = jax.device_put(np.asarray(counts, np.float32), NamedSharding(self.mesh, P(self.axis)))
+        return _Comm(fn, (g, c, state.opt_state, state.params), self.latency_s, self._pool)
+
+    def update(self, state: OverlapState, source: Callable, extra=None, fixed=None):
+        """One optimiser update -> (state, loss, aux): mean loss and aux over the micro-batches computed
+        at θ_t (all of them for ddp / zero1, round 1's for acco). `fixed`: optional per-round per-device
+        counts ((c_dev0, c_dev1, ...) for each of the rounds: 1 for ddp / zero1, 2 for acco) instead of
+        'until the communication is done' (tests; ddp / zero1 default to `micro` each)."""
+        n = len(self.devices)
+        zeros, starts = list(self._zeros), [0] * n
+        if self.mode != "acco":
+            counts_fixed = fixed[0] if fixed is not None else (self.micro,) * n
+            accs, counts = self._round(state.params, zeros, starts, source, extra, None, counts_fixed)
+            params, opt_state = self._communicate(state, accs, counts).result()
+            self.last_counts = [counts]
+            now_accs, now_counts = accs, counts
+            new = OverlapState(params, opt_state, state.pending, state.pending_count)
+        else:
+            # round 1: communicate the estimate θ̃ from the pending sums; accumulate at θ_t meanwhile,
+            # on top of the pending sums (so round 2's communication takes pending + new)
+            comm = self._communicate(state, state.pending, state.pending_count)
+            accs1, c1 = self._round(state.params, list(state.pending), starts, source, extra, comm,
+                                    None if fixed is None else fixed[0])
+            estimate, _ = comm.result()
+            counts1 = [pc + c for pc, c in zip(state.pending_count, c1)]
+            # round 2: the real update from pending + round 1; accumulate at θ̃ meanwhile (next pending)
+            comm = self._communicate(state, accs1, counts1)
+            accs2, c2 = self._round(estimate, zeros, c1, source, extra, comm,
+                                    None if fixed is None else fixed[1])
+            params, opt_state = comm.result()
+            self.last_counts = [c1, c2]
+            # the loss / aux of round 1 alone: its sums minus the pending ones it started from
+            now_accs = [(None, a[1] - p[1], jax.tree.map(jnp.subtract, a[2], p[2]))
+                        for a, p in zip(accs1, state.pending)]
+            now_counts = c1
+            new = OverlapState(params, opt_state, tuple(accs2), tuple(c2))
+        total = float(max(sum(now_counts), 1))
+        loss = sum(float(a[1]) for a in now_accs) / total
+        aux = jax.tree.map(lambda *xs: sum(np.asarray(x) for x in xs) / total, *[a[2] for a in now_accs])
+        return new, loss, aux
+
+    def close(self) -> None:
+        """Stop the host threads."""
+        self._pool.shutdown()

@@ -13,8 +13,9 @@ Two axes of parallelism, composed the same way everywhere:
 Agents opt in with `Config(data_parallel=True)` (a mesh over all devices) or
 `make(cfg, mesh=make_mesh(4))`. CRL and SAC also take `zero_optimizer=True`: the optimiser state is then
 sharded along `data` instead of replicated (ZeRO-1: reduce-scatter, sharded step, all-gather;
-`scaling_rl/zero.py`), and with `acco="acco"` (`scaling_rl/acco.py` `learner_update`) that communication
-overlaps the next gradients (ACCO). The rest of a chunk (acting, env steps, replay) is computed
+`scaling_rl/zero.py`), and with `acco="acco"` (`scaling_rl/acco.py` `learner_update`) ACCO's two-round
+update with its delay compensation, fused into the jitted chunk (no host overlap, fixed counts; the
+overlapped learner is `acco.OverlappedAcco`, docs/acco.md). The rest of a chunk (acting, env steps, replay) is computed
 replicated; only the gradient computation — the expensive part at large batch and width — is split.
 
 Multi-host (a pod slice or several GPU nodes): call `jax.distributed.initialize()` first thing in

@@ -53,3 +53,57 @@ def test_unknown_mode_is_a_one_line_error():
     from scaling_rl import acco, zero
     with pytest.raises(ValueError, match="^mode: unknown 'zero'"):
         acco.Acco(lambda p, b: 0.0, zero.ShardedOptimizer(optax.sgd(0.1), 2), "zero")
+
+
+# ---- the overlapped learner (scaling_rl/acco.py OverlappedAcco; tests/acco_overlap_check.py) -----------------
+
+@pytest.fixture(scope="module")
+def overlapped():
+    return run_check("acco_overlap_check.py")
+
+
+def test_overlapped_acco_uneven_counts_give_the_hand_computed_updates(overlapped):
+    r = overlapped
+    assert r["devices"] == 2
+    # three updates, per-device counts (2,1)/(1,2), (1,3)/(2,1), (3,1)/(1,1): Σ sums / Σ counts, the
+    # second round at the estimate θ̃ and carried to the next update, as computed by hand with optax
+    assert min(r["change"]) > 1e-2, r
+    assert max(r["vs_hand"]) <= 1e-6, r
+    assert r["counts_seen"] == [[3, 1], [1, 1]]
+    assert max(r["loss_vs_hand"]) <= 1e-5 and max(r["aux_vs_loss"]) <= 1e-5, r
+    # equal counts instead: a different trajectory, so the comparison above can fail
+    assert r["equal_counts_vs_hand"] > 1e-3, r
+    # without overlap (zero1, ddp), uneven counts average the micro-batches actually computed
+    assert r["zero1_vs_hand"] <= 1e-6 and r["ddp_vs_hand"] <= 1e-6, r
+
+
+def test_overlapped_acco_compute_and_communication_are_separate_programs(overlapped):
+    r = overlapped
+    assert r["programs"] == ["accumulate", "communicate"]
+    assert r["accumulate_collectives"] == []           # per device, no collective: can run beside one
+    assert {"reduce_scatter", "all_gather"} <= set(r["communicate_collectives"])   # ZeRO-1's step
+    assert r["ddp_communicate_collectives"] == ["all_reduce"]
+
+
+def test_overlapped_acco_computes_while_communicating_and_the_slow_device_does_less(overlapped):
+    # a 0.4 s simulated link per round, device 1 slowed 10x: the counts come from the round's
+    # communication finishing, so device 0 computes many micro-batches meanwhile and device 1 fewer
+    rounds = overlapped["overlap_counts"]
+    assert len(rounds) == 4
+    for fast, slow in rounds:
+        assert fast >= 5 and 1 <= slow < fast, rounds
+    assert sum(f for f, _ in rounds) >= 3 * sum(s for _, s in rounds), rounds
+
+
+def test_overlapped_acco_bad_input_is_a_one_line_error():
+    import optax
+
+    from scaling_rl import acco, parallel, zero
+    mesh = parallel.make_mesh(1)
+    opt = zero.ShardedOptimizer(optax.sgd(0.1), 1)
+    with pytest.raises(ValueError, match="^mode: unknown 'dpu'"):
+        acco.OverlappedAcco(lambda p, b, e: (0.0, {}), opt, mesh, "dpu")
+    with pytest.raises(ValueError, match="^opts: sharded 2 ways, but the mesh has 1"):
+        acco.OverlappedAcco(lambda p, b, e: (0.0, {}), zero.ShardedOptimizer(optax.sgd(0.1), 2), mesh)
+    with pytest.raises(ValueError, match="^slowdown: one factor >= 1 per device"):
+        acco.OverlappedAcco(lambda p, b, e: (0.0, {}), opt, mesh, slowdown=(0.5,))
