@@ -8,7 +8,7 @@ early stopping on) with the grid + ES baseline's own seeds (repetition r: global
 every repetition stops at exactly `--seeds` seeds per cell: the coverage is unconditional — no "stop when
 the interval is narrow enough" rule picks which intervals are kept (`adaptive_sweep.py` has that rule).
 Each repetition is fitted with `--bootstrap` seed-bootstrap replicates (256: the confirming refit's count),
-and its record keeps the σ*(F) and N*(F) exponents' estimate, reported interval (method: percentile or BCa)
+and its record keeps the σ*(F) and N*(F) exponents' estimate, reported interval (method; BCa in old records)
 and the replicates with their seed inflation, so the report can also say what the percentile and the basic
 ("reflected") interval built from the same replicates would have covered.
 
@@ -21,9 +21,11 @@ interval was withheld, or that have no budget law at all, are counted and shown 
 Why they missed (2026-12-05): each cell's D_J replicates were not centred on the cell's point — the mean of
 their logs sat ~0.1 × the point's error toward the truth (the crossing of an isotonic seed-mean curve is not
 linear in the seeds); the law fits add the cells up, so every law, optimum and budget law leaned, and BCa
-moved the intervals away. `curves.mean_centred` (applied by `DataEfficiency.fit_data`) removed it:
-records before the fix in <out>/s<S>.jsonl of benchmarks/results/budget_law_coverage/, after it in
-benchmarks/results/budget_law_coverage/centred/.
+moved the intervals away. Records before any fix: <out>/s<S>.jsonl of benchmarks/results/budget_law_coverage/;
+with the cells' replicates mean-centred (the fix of 2026-12-05, since replaced): .../centred/. Now (2026-12-06)
+no input is re-centred and there is no BCa: every interval is the percentile interval of its own replicates
+centred on the estimate (`fitting.interval`, docs/calibration.md), so the "BCa" column of new records is 0
+and "percentile" below is the uncentred alternative. Not re-run for that change (72 sweeps per row).
 Records: <out>/s<S>.jsonl, one line per repetition, appended as each finishes (a rerun skips done ones).
 """
 from __future__ import annotations
@@ -40,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import adaptive_sweep as study  # noqa: E402  (the study's definition: cells, thresholds, seeds, truth)
 
-KEYS = ("estimate", "lo", "hi", "method", "p_below", "reason", "n_ok", "n", "n_unknown")
+KEYS = ("estimate", "lo", "hi", "method", "p_below", "centre_shift", "reason", "n_ok", "n", "n_unknown")
 
 
 def run_one(root: Path, rep: int, seeds: int, n_bootstrap: int, delta: float) -> dict:

@@ -58,6 +58,7 @@ from scaling_rl.scaling import analysis, curves, fitting, laws, report, syntheti
 from scaling_rl.scaling.data import Curve, CurveSet
 
 UTDS = tuple(np.geomspace(0.5, 8, 5))
+UTDS_WIDE = tuple(np.geomspace(0.5, 16, 6))   # the high-UTD generator's grid: σ = 16 is where it degrades
 PARAMS = (1e5, 3e5, 1e6, 3e6)
 THRESHOLDS = (0.3, 0.5)
 J_LAW = 1                      # index of the threshold whose law / allocation is checked
@@ -78,6 +79,36 @@ class InteractionTruth(synthetic.Truth):
 
 
 @dataclasses.dataclass(frozen=True)
+class HighUTDTruth(synthetic.Truth):
+    """High-UTD degradation the family cannot represent: the law × (1 + c·max(0, ln(σ/onset))²), a smooth (C¹)
+    factor that is 1 up to σ = onset and grows beyond it. c = 0.12, onset = 4: at the sweep's middle N (5.5e5)
+    D(σ = 16) is 5% above D(σ = 8) at every J (11% at N = 1e5, 0.7% at 3e6), where the law keeps falling.
+    Realistic: past some UTD more gradient steps per env step overfit the replay data (TD-overfitting,
+    plasticity loss), so the data needed rises again; the family's (a/σ)^α term can only flatten."""
+    onset: float = 4.0
+    c: float = 0.12
+
+    def D(self, J, sigma, N, task_index: int = 0):
+        s = np.asarray(sigma, float)
+        return super().D(J, sigma, N, task_index) * (1 + self.c * np.maximum(0.0, np.log(s / self.onset)) ** 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class LargeNTruth(synthetic.Truth):
+    """Large models stop helping and start to hurt: the law × (1 + c·max(0, ln(N/onset))²), c = 0.1, onset = 1e6,
+    so D at N = 3e6 is about 2% above D at 1e6 (σ = 2) where the law's (b/N)^β term promises 9% less.
+    Realistic: a sweep that keeps η, B and the architecture fixed across sizes (no μP-style retuning) sees the
+    largest networks train worse (optimisation and plasticity troubles of big value networks); the family can
+    only saturate in N, never turn up."""
+    onset: float = 1e6
+    c: float = 0.1
+
+    def D(self, J, sigma, N, task_index: int = 0):
+        n = np.asarray(N, float)
+        return super().D(J, sigma, N, task_index) * (1 + self.c * np.maximum(0.0, np.log(n / self.onset)) ** 2)
+
+
+@dataclasses.dataclass(frozen=True)
 class Generator:
     name: str
     truth: synthetic.Truth = synthetic.Truth()
@@ -89,6 +120,8 @@ class Generator:
     reach: float = 0.8             # run length: 1.25 × the slowest cell's D at this J
     noise: float = 0.1
     delta: float = 1.1e7           # FLOPs per env step: the reference optimum (σ*, N*) lies inside the box
+    utds: tuple = UTDS
+    misspecified: bool = False     # σ*, N* target: the truth's own compute optimum in the box (`true_optimum`)
 
 
 GENERATORS = (
@@ -100,6 +133,8 @@ GENERATORS = (
     Generator("coarse", n_log=12),
     Generator("censored", reach=0.45),
     Generator("interaction", truth=InteractionTruth()),
+    Generator("high-UTD", truth=HighUTDTruth(), utds=UTDS_WIDE, misspecified=True),
+    Generator("large-N", truth=LargeNTruth(), misspecified=True, delta=1e8),
 )
 GEN = {g.name: g for g in GENERATORS}
 
@@ -108,7 +143,7 @@ def make_curves(gen: Generator, seeds: int, rng: int) -> CurveSet:
     """One study from `gen` with `seeds` seeds per configuration (n … 2n if gen.unequal)."""
     r = np.random.default_rng(rng)
     tr = gen.truth
-    cells = [(s, n, b) for s in UTDS for n in PARAMS for b in gen.batch_sizes]
+    cells = [(s, n, b) for s in gen.utds for n in PARAMS for b in gen.batch_sizes]
     slow = {c: tr.slowdown(c[0], c[2], np.nan) for c in cells}
     t_max = 1.25 * max(tr.D(gen.reach, s, n) * slow[(s, n, b)] for s, n, b in cells)
     if gen.reach < max(THRESHOLDS):
@@ -185,6 +220,31 @@ def true_batch_model(gen: Generator) -> alloc.BatchModel:
     return alloc.BatchModel.power(gen.truth.B0, -gen.truth.s_B)
 
 
+def true_optimum(gen: Generator, J: float) -> dict:
+    """The generator's real compute optimum: argmin over the swept box of F/D_J's cost per unit, i.e. of
+    (10·N·B·σ + δ)·D_true(σ, N) with the true batch model (a 241 × 241 log grid, then a bounded Nelder–Mead
+    polish); `inside` says whether it is off the box's faces (else the study has no σ*, N* target)."""
+    from scipy.optimize import minimize
+    bm = true_batch_model(gen)
+    lo = np.log([min(gen.utds), min(PARAMS)])
+    hi = np.log([max(gen.utds), max(PARAMS)])
+
+    def cost(v):
+        s, n = np.exp(np.clip(v[0], lo[0], hi[0])), np.exp(np.clip(v[1], lo[1], hi[1]))
+        D = gen.truth.D(J, s, n) * min(gen.truth.slowdown(s, b, np.nan) for b in gen.batch_sizes)
+        return np.log((10 * n * bm(s, n) * s + gen.delta) * D)
+
+    ls, ln = np.meshgrid(np.linspace(lo[0], hi[0], 241), np.linspace(lo[1], hi[1], 241), indexing="ij")
+    c = np.vectorize(lambda a, b: cost((a, b)))(ls, ln)
+    i = np.unravel_index(np.argmin(c), c.shape)
+    v0 = np.array([ls[i], ln[i]])
+    r = minimize(cost, v0, method="Nelder-Mead", options={"xatol": 1e-6, "fatol": 1e-12})
+    v = np.clip(r.x if r.fun <= cost(v0) else v0, lo, hi)
+    span = hi - lo
+    inside = bool(np.all((v - lo > 1e-3 * span) & (hi - v > 1e-3 * span)))
+    return {"sigma": float(np.exp(v[0])), "N": float(np.exp(v[1])), "inside": inside}
+
+
 def reference(gen_name: str) -> dict:
     """Targets of the law quantities, noise-free: the law D_J(σ,N) fitted (unweighted, in log) to the exact
     best-configuration D_J of every cell at THRESHOLDS[J_LAW] (= the truth's parameters when the truth is in
@@ -192,15 +252,19 @@ def reference(gen_name: str) -> dict:
     swept box (None when the optimum is on the box edge: those studies have no target)."""
     gen = GEN[gen_name]
     J = THRESHOLDS[J_LAW]
-    cells = [(s, n) for s in UTDS for n in PARAMS]
+    cells = [(s, n) for s in gen.utds for n in PARAMS]
     x = {"utd": np.array([c[0] for c in cells]), "param_count": np.array([c[1] for c in cells])}
     ly = np.log([true_D(gen, J, s, n) for s, n in cells])
     f = fitting.fit(fitting.make_problem(laws.DATA_EFFICIENCY_SIGMA_N, x, ly), ly)
     p = f.params
-    opt = alloc.optimum(p, true_batch_model(gen), gen.delta, sigma_range=(min(UTDS), max(UTDS)),
-                        n_range=(min(PARAMS), max(PARAMS)))
-    inside = {k: lo * (1 + 1e-6) < opt[k] < hi * (1 - 1e-6)
-              for k, (lo, hi) in (("sigma", (min(UTDS), max(UTDS))), ("N", (min(PARAMS), max(PARAMS))))}
+    if gen.misspecified:   # the target is the truth's own optimum, not the law's best approximation's
+        opt = true_optimum(gen, J)
+        inside = {"sigma": opt["inside"], "N": opt["inside"]}
+    else:
+        opt = alloc.optimum(p, true_batch_model(gen), gen.delta, sigma_range=(min(gen.utds), max(gen.utds)),
+                            n_range=(min(PARAMS), max(PARAMS)))
+        inside = {k: lo * (1 + 1e-6) < opt[k] < hi * (1 - 1e-6)
+                  for k, (lo, hi) in (("sigma", (min(gen.utds), max(gen.utds))), ("N", (min(PARAMS), max(PARAMS))))}
     ref = {k: float(p[k]) for k in LAW_PARAMS}
     for scale, expo in (("a", "alpha"), ("b", "beta")):
         if ref[expo] > 5:  # the best approximation drops this term (exponent runs off): no target
@@ -225,7 +289,10 @@ def interval_row(gen_name: str, seeds: int, study: int, q: str, cell: str, targe
             "target": np.nan if target is None else float(target),
             "estimate": np.nan if iv.get("estimate") is None else float(iv["estimate"]),
             "lo": np.nan if lo is None else float(lo), "hi": np.nan if hi is None else float(hi),
-            "status": status, "reason": reason}
+            "status": status, "reason": reason,
+            # for `layers`: the interval's total inflation, its lack-of-fit share, and its scale
+            "inflation": float(iv.get("inflation") or np.nan), "widen_lof": float(iv.get("widened_for_lack_of_fit") or 1.0),
+            "log_scale": bool(iv.get("log", True))}
 
 
 def points_study(args) -> list[dict]:
@@ -272,7 +339,40 @@ def one_study(args) -> list[dict]:
         add("D_J", f"J={J} σ={p['utd']:.3g} N={p['param_count']:.3g}", true_D(gen, J, p["utd"], p["param_count"]), iv)
     for q, iv in law_quantities(fit).items():
         add(q, "", ref.get(q), iv)
+    rows.extend(region_rows(gen_name, seeds, study, _opt_record(fit), ref))
     return rows
+
+
+REGION_LEVELS = ("1%", "5%")
+NO_REGION = "the fit has no allocation 'region' (this version of allocation_fits does not make one)"
+
+
+def region_rows(gen_name: str, seeds: int, study: int, opt: dict | None, ref: dict) -> list[dict]:
+    """One row per printed near-optimal region (`fit["allocation"]["per_threshold"][j]["region"][level]`, boxes
+    {"sigma": [lo, hi], "N": [lo, hi], ...}): a hit when the target optimum (ref's σ*, N*) lies in both ranges.
+    Rows carry lo/hi of the σ range (the N range is in `cell`) and no estimate: the region has none."""
+    out = []
+    target = (ref.get("sigma*"), ref.get("N*"))
+    region = (opt or {}).get("region")
+    for lv in REGION_LEVELS:
+        box = (region or {}).get(lv) if isinstance(region, dict) else None
+        sig, nn = ((box or {}).get("sigma"), (box or {}).get("N")) if isinstance(box, dict) else (None, None)
+        row = {"generator": gen_name, "seeds": seeds, "study": study, "quantity": f"region {lv}",
+               "cell": "" if nn is None else f"N in [{nn[0]:.4g}, {nn[1]:.4g}]", "target": np.nan,
+               "estimate": np.nan, "lo": np.nan, "hi": np.nan, "status": "withheld", "reason": ""}
+        if opt is None:
+            row["reason"] = "no optimum at this J"
+        elif region is None:
+            row["reason"] = NO_REGION
+        elif any(t is None for t in target):
+            row.update(status="no-target", reason="reference has no value")
+        elif sig is None or nn is None or None in (*sig, *nn):
+            row["reason"] = (box or {}).get("reason") or f"no {lv} box printed"
+        else:
+            inside = sig[0] <= target[0] <= sig[1] and nn[0] <= target[1] <= nn[1]
+            row.update(target=float(target[0]), lo=float(sig[0]), hi=float(sig[1]), status="hit" if inside else "miss")
+        out.append(row)
+    return out
 
 
 def _executor(workers: int):
@@ -336,7 +436,7 @@ def _ordered(tab: pd.DataFrame) -> pd.DataFrame:
     if not len(tab):
         return tab
     order = {g: i for i, g in enumerate(GEN)}
-    qorder = {q: i for i, q in enumerate(("D_J", *LAW_PARAMS, "sigma*", "N*"))}
+    qorder = {q: i for i, q in enumerate(("D_J", *LAW_PARAMS, "sigma*", "N*", *(f"region {lv}" for lv in REGION_LEVELS)))}
     keys = [k for k in ("generator", "seeds", "quantity") if k in tab]
     return tab.sort_values(keys, key=lambda c: c.map(order) if c.name == "generator" else
                            c.map(qorder) if c.name == "quantity" else c, kind="stable").reset_index(drop=True)
@@ -360,7 +460,7 @@ def diagnose(raw: pd.DataFrame) -> pd.DataFrame:
     """Why a row misses, per generator × quantity (seeds pooled): each printed interval's error in its own
     units, z = log(estimate/target) / (half-width/z₀.₉₅) (on the side the target lies). Calibrated: rms z ≈ 1;
     rms z > 1: intervals too narrow by that factor; mean z ≠ 0: off-centre (bias) — e.g. selection bias."""
-    d = raw[raw["status"].isin(["hit", "miss"])].copy()
+    d = raw[raw["status"].isin(["hit", "miss"]) & ~raw["quantity"].astype(str).str.startswith("region")].copy()
     le = np.log(d["estimate"] / d["target"])
     half = np.where(le > 0, np.log(d["estimate"] / d["lo"]), np.log(d["hi"] / d["estimate"])) / 1.6449
     d["z"] = le / np.maximum(half, 1e-12)
@@ -370,6 +470,44 @@ def diagnose(raw: pd.DataFrame) -> pd.DataFrame:
         bias_log=("le", "mean"), mean_z=("z", "mean"), rms_z=("z", lambda x: float(np.sqrt(np.mean(x ** 2))))
     ).reset_index()
     return _ordered(g)
+
+
+LAYER_GROUPS = {"D_J": ("D_J",), "law": LAW_PARAMS, "optimum": ("sigma*", "N*")}
+
+
+def layers(raw: pd.DataFrame) -> pd.DataFrame:
+    """Does each layer on top of the centred percentile interval earn its place? Per generator × quantity group,
+    coverage and rms z of the printed intervals, of the same intervals without the lack-of-fit widening, and
+    with no inflation at all (c = 1: the bare percentile interval of the centred replicates). Exact, not
+    re-run: a centred interval's ends scale linearly with its inflation about the estimate (in log for positive
+    quantities). Rows without a recorded inflation (caches from before it was recorded) are skipped."""
+    if "inflation" not in raw:
+        return pd.DataFrame()
+    d = raw[raw["status"].isin(["hit", "miss"]) & np.isfinite(raw["inflation"].astype(float))].copy()
+    if not len(d):
+        return pd.DataFrame()
+    lg = d["log_scale"].astype(str).str.lower().isin(["true", "1"])
+    tf = lambda v: np.where(lg, np.log(np.maximum(v.astype(float), 1e-300)), v.astype(float))
+    e, lo, hi, t = tf(d["estimate"]), tf(d["lo"]), tf(d["hi"]), tf(d["target"])
+    infl, wl = d["inflation"].astype(float).to_numpy(), d["widen_lof"].astype(float).to_numpy()
+    rows = []
+    group_of = {q: g for g, qs in LAYER_GROUPS.items() for q in qs}
+    d["group"] = d["quantity"].map(group_of)
+    for name, f in (("printed", np.ones(len(d))), ("no lack-of-fit widening", 1.0 / wl), ("no inflation", 1.0 / infl)):
+        l2, h2 = e + (lo - e) * f, e + (hi - e) * f
+        hit = (l2 <= t) & (t <= h2)
+        half = np.where(t < e, e - l2, h2 - e) / 1.6449
+        z = (e - t) / np.maximum(half, 1e-12)
+        dd = pd.DataFrame({"generator": d["generator"].to_numpy(), "group": d["group"].to_numpy(), "hit": hit, "z": z})
+        for (g, grp), x in dd.groupby(["generator", "group"], sort=False):
+            # σ*, N* carry their scope's inflation, lack-of-fit share folded in and not recorded: not separable
+            na = name == "no lack-of-fit widening" and grp == "optimum"
+            rows.append({"generator": g, "group": grp, "variant": name, "n": len(x),
+                         "coverage": np.nan if na else float(x["hit"].mean()),
+                         "rms_z": np.nan if na else float(np.sqrt(np.mean(x["z"] ** 2)))})
+    out = pd.DataFrame(rows)
+    return out.pivot_table(index=["generator", "group"], columns="variant", values=["coverage", "rms_z"],
+                           sort=False, dropna=False).round(3)
 
 
 def compact(tab: pd.DataFrame) -> str:
@@ -404,7 +542,7 @@ def render(tab: pd.DataFrame, raw: pd.DataFrame, title: str) -> str:
         wh = f"{r.withheld}" + (f" ({r.why})" if r.withheld else "")
         width = "—" if not np.isfinite(r.width) else f"{r.width:.3f}"
         lines.append(f"| {r.generator} | {r.seeds} | {r.quantity} | {cov} | {r.intervals} | {width} | {wh} | {r.flag} |")
-    printed = raw[raw["status"].isin(["hit", "miss"])]
+    printed = raw[raw["status"].isin(["hit", "miss"]) & ~raw["quantity"].astype(str).str.startswith("region")]
     errors = int((raw["status"] == "error").sum())
     cov = float(np.mean(printed["status"] == "hit")) if len(printed) else float("nan")
     n_st = printed.groupby(["generator", "seeds", "study"]).ngroups   # studies that printed an interval
@@ -420,7 +558,12 @@ def render(tab: pd.DataFrame, raw: pd.DataFrame, title: str) -> str:
                   "w = all withheld):", "", compact(tab),
               "", "diagnostics (seeds pooled; z = error in units of the interval's own sd; calibrated: rms z ≈ 1, mean z ≈ 0):", "",
               diagnose(raw).round(3).to_string(index=False),
-              "", f"pooled_coverage={cov:.3f} [{lo:.3f}, {hi:.3f}]"]
+              ]
+    lay = layers(raw)
+    if len(lay):
+        lines += ["", "layers (coverage / rms z as printed, without the lack-of-fit widening, with no inflation; "
+                      "exact rescaling of the same intervals):", "", lay.to_string()]
+    lines += ["", f"pooled_coverage={cov:.3f} [{lo:.3f}, {hi:.3f}]"]
     return "\n".join(lines)
 
 
@@ -534,6 +677,8 @@ def main(argv=None) -> int:
                 save()
     save()
     raw = read_cache(out)
+    if not args.points_only and (raw["reason"] == NO_REGION).any():
+        print(f"note: region coverage not measured: {NO_REGION}", file=sys.stderr)
     tab = summarize(raw)
     text = render(tab, raw, title)
     if args.points_only:

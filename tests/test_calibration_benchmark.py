@@ -68,7 +68,9 @@ def test_one_study_checks_every_printed_interval_and_the_cli_rejects_bad_input(t
     printed = dj[dj["status"].isin(["hit", "miss"])]
     inside = (printed["lo"] <= printed["target"]) & (printed["target"] <= printed["hi"])
     assert ((printed["status"] == "hit") == inside).all() and len(printed) > 30
-    assert set(rows["quantity"]) == {"D_J", *cal.LAW_PARAMS, "sigma*", "N*"}
+    assert set(rows["quantity"]) == {"D_J", *cal.LAW_PARAMS, "sigma*", "N*", "region 1%", "region 5%"}
+    reg = rows[rows["quantity"].str.startswith("region")]
+    assert len(reg) == 2 and set(reg["status"]) <= {"hit", "miss", "withheld"}
     assert cal.main(["--from-cache", "--out", str(tmp_path / "none.csv")]) == 2
     assert cal.main(["--generators", "nope", "--out", str(tmp_path / "x.csv")]) == 2
     assert "unknown generator" in capsys.readouterr().err
@@ -98,3 +100,65 @@ def test_a_run_over_some_generators_keeps_the_cached_rows_of_the_others(tmp_path
     raw = cal.read_cache(out)
     assert (raw["generator"] == "tied-B").sum() == 3 and set(raw.loc[raw["generator"] == "base", "study"]) == {0}
     assert "median (hi−lo)/estimate" in out.with_suffix(".md").read_text()
+
+
+def test_misspecified_generators_degrade_where_the_law_cannot():
+    mid = np.sqrt(cal.PARAMS[0] * cal.PARAMS[-1])
+    hu, law = cal.HighUTDTruth(), synthetic.Truth()
+    assert cal.GEN["high-UTD"].utds[-1] == pytest.approx(16.0) and len(cal.GEN["high-UTD"].utds) == 6
+    assert hu.D(0.5, 16.0, mid) / hu.D(0.5, 8.0, mid) == pytest.approx(1.05, abs=0.003)   # 5% worse at σ = 16
+    assert law.D(0.5, 16.0, mid) / law.D(0.5, 8.0, mid) < 0.91                          # the family keeps falling
+    assert hu.D(0.3, 4.0, mid) == pytest.approx(law.D(0.3, 4.0, mid))                    # untouched up to σ = 4
+    ln, = [cal.LargeNTruth()]
+    assert ln.D(0.5, 2.0, 3e6) / ln.D(0.5, 2.0, 1e6) == pytest.approx(1.017, abs=0.003)
+    assert law.D(0.5, 2.0, 3e6) / law.D(0.5, 2.0, 1e6) < 0.92
+    assert len(cal.make_curves(cal.GEN["high-UTD"], 3, 0).curves) == 24
+
+
+def test_misspecified_targets_are_the_truths_own_compute_optimum():
+    # in the family the numerical argmin of (10·N·B·σ + δ)·D is the allocation module's optimum
+    base = cal.GEN["base"]
+    o = cal.true_optimum(base, 0.5)
+    p = synthetic.Truth().params(0.5)
+    want = cal.alloc.optimum(p, cal.true_batch_model(base), base.delta, sigma_range=(0.5, 8), n_range=(1e5, 3e6))
+    assert o["inside"] and o["sigma"] == pytest.approx(want["sigma"], rel=2e-3) and o["N"] == pytest.approx(want["N"], rel=2e-3)
+    # outside it the target is the truth's optimum, not the best-fitting law's (σ 2.54 vs 2.18 for high-UTD)
+    gen = cal.GEN["high-UTD"]
+    ref = cal.reference("high-UTD")
+    t = cal.true_optimum(gen, 0.5)
+    assert ref["sigma*"] == pytest.approx(t["sigma"]) and ref["N*"] == pytest.approx(t["N"])
+    lp = {k: ref[k] for k in cal.LAW_PARAMS}
+    approx = cal.alloc.optimum(lp, cal.true_batch_model(gen), gen.delta, sigma_range=(0.5, 16), n_range=(1e5, 3e6))
+    assert approx["sigma"] < 0.9 * t["sigma"]
+    assert 1e5 < cal.reference("large-N")["N*"] < 3e6
+
+
+def test_region_rows_score_the_printed_box_against_the_true_optimum():
+    ref = {"sigma*": 2.0, "N*": 3e5}
+    box = lambda s, n: {"sigma": s, "N": n, "from": "law+cells"}
+    opt = {"region": {"1%": box([1.5, 2.5], [2e5, 2.9e5]), "5%": box([1.0, 4.0], [1e5, 1e6])}}
+    rows = {r["quantity"]: r for r in cal.region_rows("g", 5, 0, opt, ref)}
+    assert rows["region 5%"]["status"] == "hit" and rows["region 1%"]["status"] == "miss"   # N* outside the 1% box
+    assert (rows["region 5%"]["lo"], rows["region 5%"]["hi"]) == (1.0, 4.0)
+    absent = cal.region_rows("g", 5, 0, {"intervals": {}}, ref)
+    assert {r["status"] for r in absent} == {"withheld"} and absent[0]["reason"] == cal.NO_REGION
+    partial = cal.region_rows("g", 5, 0, {"region": {"5%": box([1.0, 4.0], [1e5, 1e6])}}, ref)
+    assert partial[0]["status"] == "withheld" and "1%" in partial[0]["reason"] and partial[1]["status"] == "hit"
+    tab = cal.summarize(pd.DataFrame([r | {"study": i} for i in range(4) for r in cal.region_rows("g", 5, 0, opt, ref)]))
+    assert tab.set_index("quantity").loc["region 5%", "coverage"] == 1.0
+
+
+def test_layers_rescale_the_printed_interval_exactly():
+    """Target 0.75 of the half-width from the estimate on an interval inflated 2× (of which 1.25× lack of fit):
+    printed a hit, without the widening (half-width × 0.8) still a hit, bare (× 0.5) a miss."""
+    row = {"generator": "g", "seeds": 5, "study": 0, "quantity": "alpha", "cell": "", "estimate": 1.0,
+           "lo": 0.8, "hi": 1.2, "target": 1.15, "status": "hit", "reason": "", "inflation": 2.0, "widen_lof": 1.25,
+           "log_scale": False}
+    lay = cal.layers(pd.DataFrame([row]))
+    cov = lay["coverage"].iloc[0]
+    assert cov["printed"] == 1.0 and cov["no lack-of-fit widening"] == 1.0 and cov["no inflation"] == 0.0
+    rz = lay["rms_z"].iloc[0]
+    assert rz["printed"] == pytest.approx(0.75 * 1.6449, rel=1e-3) and rz["no inflation"] == pytest.approx(1.5 * 1.6449, rel=1e-3)
+    far = dict(row, target=1.19)     # 0.95 of the half-width: a hit printed, a miss at 1/1.25 = 0.8 of it
+    cov2 = cal.layers(pd.DataFrame([far]))["coverage"].iloc[0]
+    assert cov2["printed"] == 1.0 and cov2["no lack-of-fit widening"] == 0.0

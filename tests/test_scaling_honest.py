@@ -35,22 +35,58 @@ def without_n():
 
 # ---- intervals ------------------------------------------------------------------------------------
 
-def test_interval_is_percentile_when_centred_and_bca_when_not():
-    rng = np.random.default_rng(0)
-    centred = fitting.interval(10.0, 10.0 * np.exp(0.1 * rng.standard_normal(400)), level=0.9)
-    assert centred["method"] == "percentile" and centred["lo"] < 10.0 < centred["hi"]
-    assert centred["n_ok"] == 400 and centred["n"] == 400 and abs(centred["p_below"] - 0.5) < 0.1
-    assert math.log(centred["hi"] / centred["lo"]) == pytest.approx(2 * 1.645 * 0.1, rel=0.15)
-    # 83% of the replicates below the estimate (the quickstart's D_min): a percentile interval would
-    # exclude the estimate; BCa shifts it so it contains the estimate
-    biased = 10.0 * np.exp(0.1 * rng.standard_normal(400) - 0.095)
-    iv = fitting.interval(10.0, biased, level=0.9)
-    assert iv["p_below"] == pytest.approx(0.83, abs=0.05)
-    assert np.quantile(biased, 0.95) < 10.0 * 1.06          # the percentile interval barely reaches it
-    assert iv["method"] == "BCa" and iv["lo"] <= 10.0 <= iv["hi"]
-    # every replicate on one side: no interval, and why
+def test_interval_is_the_percentile_interval_of_the_replicates_centred_on_the_estimate():
+    """One rule (Efron & Tibshirani 1993 §13.3, Davison & Hinkley 1997 §5.3.1, on replicates shifted so their
+    median is the estimate): [t + c·q_α(t* − med t*), t + c·q_{1−α}(t* − med t*)] in log, c the inflation.
+    No BCa branch is left: an offset of the replicates, or jackknife values, change nothing but `centre_shift`."""
+    from scipy import special
+    z = special.ndtri((np.arange(400) + 0.5) / 400)           # exact normal scores, median 0
+    centred = fitting.interval(10.0, 10.0 * np.exp(0.1 * z), level=0.9)
+    assert centred["method"] == "percentile" and centred["n_ok"] == 400 and centred["n"] == 400
+    assert centred["centre_shift"] == pytest.approx(0.0, abs=1e-12)
+    assert math.log(centred["lo"] / 10.0) == pytest.approx(-0.1645, abs=0.003)
+    assert math.log(centred["hi"] / 10.0) == pytest.approx(0.1645, abs=0.003)
+    # 84% of the replicates below the estimate (the old BCa case): the same interval, shifted back onto it
+    off = 10.0 * np.exp(0.1 * z - 0.1)
+    iv = fitting.interval(10.0, off, level=0.9)
+    assert iv["centre_shift"] == pytest.approx(-0.1, abs=1e-9)
+    assert (iv["lo"], iv["hi"]) == pytest.approx((centred["lo"], centred["hi"]), rel=1e-9)
+    assert "p_below" not in iv and "acceleration" not in iv
+    # jackknife values (which BCa turned into an acceleration) do not move it
+    skew_jack = 10.0 * np.exp(np.r_[np.zeros(9), 2.0])
+    assert (fitting.interval(10.0, off, skew_jack, level=0.9)["lo"], fitting.interval(10.0, off, skew_jack)["hi"]) \
+        == pytest.approx((iv["lo"], iv["hi"]), rel=1e-12)
+    # the inflation scales the centred deviations: ends at t + 1.2·(±0.1645)
+    wide = fitting.interval(10.0, off, level=0.9, inflation=1.2)
+    assert math.log(wide["hi"] / 10.0) == pytest.approx(1.2 * math.log(centred["hi"] / 10.0), rel=1e-9)
+    # the ends are the replicates' own (percentile, not reflected "basic"): right-skewed replicates give a
+    # longer upper arm; exactly the Weibull-position quantiles of the centred deviations
+    skew = 10.0 * np.exp(0.1 * (np.exp(0.5 * z) - 1.0))
+    sk = fitting.interval(10.0, skew, level=0.9)
+    d = np.log(skew / 10.0) - np.median(np.log(skew / 10.0))
+    want = 10.0 * np.exp(np.quantile(d, [0.05, 0.95], method="weibull"))
+    assert (sk["lo"], sk["hi"]) == pytest.approx(tuple(want), rel=1e-12)
+    assert math.log(sk["hi"] / 10.0) > 1.5 * -math.log(sk["lo"] / 10.0)
+    # every replicate on one side of the estimate: still an interval, and it contains the estimate
     one_side = fitting.interval(10.0, np.linspace(5, 9, 100))
-    assert one_side["lo"] is None and "one side" in one_side["reason"]
+    assert one_side["lo"] < 10.0 < one_side["hi"] and one_side["centre_shift"] < -0.2
+
+
+def test_every_centred_interval_contains_its_estimate():
+    """Containment is by construction (the median centred deviation is 0), for any replicates, inflation,
+    level and number of unknown replicates that leaves an interval."""
+    r = np.random.default_rng(3)
+    n_iv = 0
+    for _ in range(300):
+        m = int(r.integers(10, 120))
+        reps = np.exp(r.standard_t(2, m) * r.uniform(0.01, 1) + r.normal(0, 1))
+        u = int(r.integers(0, 4))
+        iv = fitting.interval(1.0, reps, level=float(r.uniform(0.5, 0.99)), inflation=float(r.uniform(0.5, 3)),
+                              n_total=m + u, unknown=u)
+        if iv["lo"] is not None:
+            n_iv += 1
+            assert iv["lo"] <= 1.0 <= iv["hi"], iv
+    assert n_iv > 250
 
 
 def test_failed_replicates_are_counted_and_too_many_remove_the_interval():
@@ -117,7 +153,7 @@ def test_a_parameter_on_its_bound_is_not_identified_not_a_number():
     for _, _, p in flagged:
         assert p["estimate"] is None and p["lo"] is None and "value_at_fit" in p
     text = report.render_report(fit)
-    assert "not identified (" in text
+    assert "not identified [" in text and "## Footnotes" in text
     check_honest(fit)
 
 
@@ -280,7 +316,7 @@ COVERAGE_REPS = 40
 
 def _coverage_fit(seeds: int, rng: int, K: int):
     """D_J(σ, N) at J = 0.5 on a 5 × 5 (σ, N) grid, 10% seed noise, the analysis' own pipeline
-    (seed bootstrap, WLS by the variance function, t_ν-inflated percentile/BCa intervals)."""
+    (seed bootstrap, WLS by the variance function, t_ν-inflated percentile intervals of the centred replicates)."""
     from scaling_rl.scaling import laws
     from scaling_rl.scaling.curves import data_efficiency
     cs = synthetic.make_study(synthetic.Truth(), utds=np.geomspace(0.25, 16, 5), param_counts=np.geomspace(3e4, 1e7, 5),

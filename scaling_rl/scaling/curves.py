@@ -138,14 +138,14 @@ class DataEfficiency:
     def fit_data(self, j: int, mask: np.ndarray | None = None):
         """Indices, point D_J (G',) and bootstrap D_J (K, G') of the (task, σ, N) points usable in a fit
         at threshold j: reached J, and not already at the first log point. Unusable bootstrap entries
-        are NaN. The replicates a law is fitted on are each point's seed-resampled D_J shifted in log so
-        that their mean is the point (`mean_centred`); the D_J point intervals use `g_boot` as it is."""
+        are NaN. The replicates are each point's seed-resampled D_J as they are (not re-centred: `fitting.interval`
+        centres each derived quantity's replicates on its estimate, once, at the end)."""
         ok = np.isfinite(self.g_point[:, j]) & ~self.g_left[:, j]
         if mask is not None:
             ok &= mask
         idx = np.flatnonzero(ok)
         Y = np.where(self.g_boot_left[:, idx, j], np.nan, self.g_boot[:, idx, j])
-        return idx, self.g_point[idx, j], mean_centred(Y, self.g_point[idx, j])
+        return idx, self.g_point[idx, j], Y
 
     def fit_data_jack(self, j: int, idx: np.ndarray) -> np.ndarray:
         """Leave-one-seed-out D_J (S, G') of the points `idx` at threshold j (NaN = unusable)."""
@@ -212,8 +212,8 @@ class DataEfficiency:
 
     def point_interval(self, g: int, j: int, level: float = 0.9, reason: str | None = None) -> dict:
         """`fitting.interval` of the best D_J of group g at threshold j (the one definition, used by the
-        table and the report): seed-bootstrap replicates (a censored resample counts as failed),
-        jackknife rows for BCa, deviations × seed_inflation(n, n − 1); fewer than MIN_SEEDS seeds,
+        table and the report): seed-bootstrap replicates (a censored resample counts as failed), centred on
+        the point by `fitting.interval`, deviations × seed_inflation(n, n − 1); fewer than MIN_SEEDS seeds,
         or a censored point, give no interval and say why."""
         from . import fitting
         D = float(self.g_point[g, j])
@@ -324,45 +324,6 @@ def _clear_winner(a: np.ndarray, P: np.ndarray, boot: np.ndarray, H: np.ndarray,
     return agree & np.isfinite(P[a, jj]) & np.all(np.nan_to_num(z, nan=-np.inf) >= CLEAR_WINNER_Z, axis=0)
 
 
-def _centre_on(boot: np.ndarray, point: np.ndarray) -> np.ndarray:
-    """Cross-fitted replicates (K, nJ) shifted in log so that their median is the point (per threshold).
-
-    A replicate re-runs the selection on its resampled halves, so its winner is a random one of the
-    near-tied configurations, while the point is the one winner of the data: the replicates centre on the
-    average over the configurations that could win, the point on one of them — a random offset per cell
-    that is not the estimator's bias (measured: the cross-fitted point is unbiased, +0.01 ± 0.01 in log,
-    and the replicates' spread matches its sd, ratio 0.96; but 4 tied batch sizes put the law parameters'
-    replicates off the point in half of the studies, where BCa "corrected" that offset and covered
-    0.75–0.82). Centring keeps the spread and removes the offset; where the median replicate is censored
-    (inf) nothing is shifted."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        shift = np.log(point) - np.median(np.log(boot), axis=0)
-    return boot * np.where(np.isfinite(shift), np.exp(shift), 1.0)[None]
-
-
-def mean_centred(Y: np.ndarray, point: np.ndarray) -> np.ndarray:
-    """Replicates Y (K, n) shifted in log, per column, so that the mean of its finite log values is log point
-    (columns without one, and non-finite entries, are left as they are): the residual bootstrap's centring
-    (Freedman), for the replicates a law is fitted on.
-
-    A point's D_J is the crossing of its isotonic seed-mean curve, not a linear function of the seeds, and with few
-    seeds the mean of its log replicates sits off the point by an amount that tracks the point's own error: on the
-    adaptive benchmark's study (3 seeds, 20 cells × 5 thresholds, 20 studies) the slope of (mean log replicate − log
-    point) on (log truth − log point) was +0.11 (the median's only +0.01; on `synthetic.make_study` +0.10 at 5
-    seeds, +0.13 with no seed warp at all). A law fit adds the cells up, so its replicates centred near the cells'
-    means: every law parameter, optimum and budget-law exponent leaned toward the truth (slopes +0.03…+0.26), BCa
-    read that as bias and moved the interval away from it (N*(F) / σ*(F) exponents covered 0.81 / 0.88 over 72
-    studies). Centred, on the same 72: slopes 0.00 / −0.01, coverage 0.94 / 0.96
-    (`benchmarks/budget_law_coverage.py`), every spread kept."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        L = np.log(Y)
-        fin = np.isfinite(L)
-        cnt = fin.sum(axis=0)
-        m = np.where(cnt > 0, np.where(fin, L, 0.0).sum(axis=0) / np.maximum(cnt, 1), np.nan)
-        shift = np.log(np.asarray(point, float)) - m
-    return np.where(fin, Y * np.where(np.isfinite(shift), np.exp(shift), 1.0)[None], Y)
-
-
 def _nan_if_none(v) -> float:
     return float("nan") if v is None else float(v)
 
@@ -425,8 +386,8 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
     """D_J for every configuration and every (task, σ, N), with `n_bootstrap` resamples of seeds.
 
     Replicate b is ONE resample of seeds: each configuration's seeds are resampled once and that
-    resample gives its D_J at every threshold. Leave-one-seed-out rows (`jack`, for the BCa
-    acceleration) drop seed s of every configuration at once.
+    resample gives its D_J at every threshold. Leave-one-seed-out rows (`jack`: jackknife refits of the laws)
+    drop seed s of every configuration at once.
 
     Interpolation uncertainty: the crossing between two log points t0 < t1 is only known to within the
     bracket, an error the seed bootstrap cannot see; each bootstrap D_J is multiplied by exp(U),
@@ -442,8 +403,9 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
     of their seed-mean D_J is biased low (the luckiest configuration wins; with 4 tied batch sizes and 5
     seeds, 90% point intervals covered 0.78). `select="crossfit"` (default) chooses the winner on one half
     of every configuration's seeds and estimates its D_J on the other half, both ways, and takes the
-    geometric mean of the two; each replicate resamples seeds within each half and is centred on the point
-    (median, in log: `_centre_on` says why), and leave-seed-s-out rows cross-fit the halves with seed s left
+    geometric mean of the two; each replicate resamples seeds within each half (its winner is a random one of
+    the near-tied configurations, so the replicates centre on their average, off the point: `fitting.interval`
+    centres every interval on its estimate), and leave-seed-s-out rows cross-fit the halves with seed s left
     out of its own half (halves drawn apart from the
     replicate's full resample, which still picks the per-replicate winner for B*, η*: the two are
     independent resamples of the same seeds, so the full resample and everything it feeds — per-
@@ -579,8 +541,7 @@ def data_efficiency(cs: CurveSet, thresholds: dict[str, np.ndarray] | np.ndarray
             n_min = min(cfg["n_seeds"].to_numpy()[m])
             hs = np.array([n_min // 2, n_min - n_min // 2], float)
             vf = np.full(2, n_min / (n_min - 1.0)) if HALF_RESCALE else hs / (hs - 1)   # replicate var -> seed var
-            xb = _centre_on(_crossfit(half_boot[:, :, m], _shrink_between(half_boot[:, :, m], half_point[:, m], vf)),
-                            xp)
+            xb = _crossfit(half_boot[:, :, m], _shrink_between(half_boot[:, :, m], half_point[:, m], vf))
             xj = _crossfit(half_jack[:, :, m])
             w = m[a]                                                        # (nJ,) the point's winner
             jj = np.arange(nJ)

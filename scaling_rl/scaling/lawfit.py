@@ -77,8 +77,9 @@ class Replicates:
     every quantity of that scope, so no derived quantity mixes resamples, and counted per fit in
     `failures`. Scopes never feed each other, and dropping a replicate from one because an unrelated
     side fit failed would select resamples on an event correlated with the data (biasing it), so they
-    are kept apart. Intervals are computed once every fit has registered. Deviations from the estimate
-    are scaled by `fitting.seed_inflation` with the seed degrees of freedom behind each quantity."""
+    are kept apart. Intervals are computed once every fit has registered, each by `fitting.interval` (the
+    percentile interval of the replicates centred on the estimate); deviations are scaled by
+    `fitting.seed_inflation` with the seed degrees of freedom behind each quantity."""
 
     def __init__(self, K: int, S: int, n_seeds: int, level: float, reason: str | None = None, dof: float = 0):
         self.K, self.S, self.n_seeds, self.level, self.reason = K, S, n_seeds, level, reason
@@ -127,7 +128,7 @@ class Fitted:
     problem: fitting.Problem
     fit: fitting.Fit
     U: np.ndarray               # (K, P) replicate refits (NaN rows failed)
-    Uj: np.ndarray              # (S, P) jackknife refits
+    Uj: np.ndarray              # (0, P): no jackknife refits are made any more (kept for the record's shape)
     reps: Replicates
     not_identified: list
     weights: np.ndarray
@@ -202,7 +203,7 @@ def fit_with_bootstrap(law: laws.Law, x: dict, y: np.ndarray, Y: np.ndarray | No
                        weights: np.ndarray | None = None, scope: str | None = None,
                        seeds: np.ndarray | None = None) -> Fitted:
     """Point fit on y (natural units, > 0) and the same estimator on every replicate row of Y (K, n)
-    (NaN/inf = missing) and jackknife row of Yj. ValueError if the point fit is impossible."""
+    (NaN/inf = missing); `Yj` (jackknife rows) is not used. ValueError if the point fit is impossible."""
     ly = np.log(y)
     prob = fitting.make_problem(law, x, ly, groups, shared)
     w = np.ones_like(ly) if weights is None else np.asarray(weights, float)
@@ -217,11 +218,8 @@ def fit_with_bootstrap(law: laws.Law, x: dict, y: np.ndarray, Y: np.ndarray | No
         bf = fitting.fit_many(prob, LY, W, warm=f.u, **kw)
         U = np.where(bf.ok[:, None], bf.U, np.nan)
         reps.register(name, bf.ok, scope or name)
-        if Yj is not None and len(Yj):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                LJ = np.log(Yj)
-            bj = fitting.fit_many(prob, LJ, np.where(np.isfinite(LJ), w[None], 0.0), warm=f.u, **kw)
-            Uj = np.where(bj.ok[:, None], bj.U, np.nan)
+        # No jackknife refits: they fed BCa's acceleration, and the intervals are now percentile intervals of
+        # the centred replicates (`fitting.interval`); `Yj` is accepted for the callers and not fitted.
     ni = fitting.identifiability(prob, f.u, ly, w, loss=settings.loss, huber_delta=settings.huber_delta,
                                  level=settings.level)
     if seeds is None:
