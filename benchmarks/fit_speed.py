@@ -52,7 +52,7 @@ def main() -> None:
     W = np.isfinite(LY).astype(float)
     bf = stage(f"{K} refits by the point estimator (batched)",
                lambda: fitting.fit_many(prob, np.where(W > 0, LY, 0.0), W, warm=point.u))
-    iv = stage("intervals (percentile / BCa)", lambda: fitting.bootstrap_intervals(
+    iv = stage("intervals (centred percentile)", lambda: fitting.bootstrap_intervals(
         prob, point.u, bf.U, 0.9, fitting.seed_inflation(5, len(y) * 4)))
     total = sum(t for _, t in rows)
     ref = None

@@ -109,8 +109,8 @@ def _replicates(de: DataEfficiency, st: Settings, notes: list) -> Replicates:
         return Replicates(0, 0, n, st.level, "a single seed per configuration: no seed bootstrap")
     per_task = de.groups.groupby("task").size().min()
     dof = float(per_task * (n - 1))
-    notes.append(f"intervals: seed bootstrap ({K} resamples; BCa where the replicates are not centred on the "
-                 f"estimate); deviations scaled by sqrt(n/(n-1))·t_ν/z (n = {n} seeds; ν = the seed degrees of "
+    notes.append(f"intervals: seed bootstrap ({K} resamples): percentile intervals of the replicates centred on "
+                 f"the estimate (median, in log); deviations scaled by sqrt(n/(n-1))·t_ν/z (n = {n} seeds; ν = the seed degrees of "
                  "freedom behind each quantity: n − 1 for one D_J point, points × (n − 1) for a law): the seed "
                  "bootstrap underestimates the variance of a mean of n seeds by (n-1)/n, and that variance is "
                  "itself estimated")

@@ -69,7 +69,7 @@ def _footnote(why: str) -> str:
 
 
 def _ci(p: dict) -> str:
-    """A quantity as the report prints it: "est [lo, hi]" (BCa intervals marked ᵇ), "est (no interval:
+    """A quantity as the report prints it: "est [lo, hi]", "est (no interval:
     why)", or "not identified (why)" — a parameter the data cannot pin down is never a number."""
     if p is None:
         return "–"
@@ -78,7 +78,7 @@ def _ci(p: dict) -> str:
     if p.get("lo") is None or p.get("hi") is None:
         why = p.get("reason")
         return f"{_g(p['estimate'], 4)} (no interval{' [' + _footnote(why) + ']' if why else ''})"
-    mark = ("ᵇ" if p.get("method") == "BCa" else "") + ("ʷ" if p.get("widened_for_lack_of_fit") else "") + (
+    mark = ("ʷ" if p.get("widened_for_lack_of_fit") else "") + (
         " (interval cut at the searched box)" if p.get("clipped_to_box") else "")
     return f"{_g(p['estimate'], 4)} [{_g(p['lo'])}, {_g(p['hi'])}]{mark}"
 
@@ -281,8 +281,8 @@ def _render_details(fit: dict, figures: list[str] | None = None) -> str:
          f"Intervals: {lvl}% — {mode}, {bs.get('n', 0)} resamples; replicates ok: "
          + (", ".join(f"{k} {v}/{bs.get('n', 0)}" for k, v in (bs.get("n_ok_by_scope") or {}).items()) or "–")
          + " (a replicate that fails in any fit of a chain of combined quantities is dropped from all of them); "
-         f"percentile intervals where the "
-         f"replicates are centred on the estimate, BCa (marked ᵇ) where not; min {st['min_seeds']} seeds per "
+         "percentile intervals of the seed-bootstrap replicates centred on the estimate (Efron & Tibshirani 1993; "
+         f"Davison & Hinkley 1997 §5.3); min {st['min_seeds']} seeds per "
          f"configuration; loss = {st['loss']}"
          + (f" (Huber δ = {st['huber_delta']} in log units)" if st["loss"] == "huber" else "")
          + ", residuals in log space" + (", weighted by 1/var(log D_J)" if st.get("weights") == "bootstrap" or (
