@@ -1,12 +1,13 @@
 # Two commands do all set-up on a fresh machine:
 #   make quickstart   -> creates .venv, installs, runs the main job (quickstart)
-#   make test         -> creates .venv, installs, runs the test suite
+#   make test         -> creates .venv, installs, runs the test suite (what CI runs: .ci/run)
+# and, not part of CI: make test-slow -> the tests marked @pytest.mark.slow (soaks, benchmark-like checks)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup quickstart test bench clean notebook
+.PHONY: setup quickstart test test-slow bench clean notebook
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,8 +22,12 @@ setup: $(STAMP)
 quickstart: $(STAMP)
 	bash scripts/quickstart.sh
 
+# `--suite fast` (tests/conftest.py, the default) leaves out the tests marked slow; test-slow runs only those.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 --suite fast tests
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q --durations=25 --suite slow tests
 
 # Re-execute analysis/walkthrough.ipynb and commit it with its outputs (tests/test_scaling_notebook.py checks them).
 notebook: $(STAMP)

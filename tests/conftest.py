@@ -1,4 +1,5 @@
-"""Shared test set-up: a persistent XLA compilation cache so reruns of the suite compile less."""
+"""Shared test set-up: a persistent XLA compilation cache so reruns of the suite compile less; the
+fast / slow split (`--suite`); the CI skip check; a per-test duration log."""
 import os
 import pathlib
 
@@ -34,10 +35,49 @@ def _allowlist(path: pathlib.Path) -> list[str]:
     return patterns
 
 
+# --- the fast / slow split ------------------------------------------------------------------------
+# Tests marked `@pytest.mark.slow` (benchmark-like checks, multi-process soaks, long learning runs) are
+# not part of `make test` (the default `--suite fast`); `make test-slow` runs them (`--suite slow`),
+# `--suite all` runs both. Deselected tests are not skips: the CI skip check below is not affected.
+SUITES = ("fast", "slow", "all")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--suite", choices=SUITES, default="fast",
+                     help="fast (default, `make test`): tests not marked slow; slow (`make test-slow`): "
+                          "only those; all: both")
+
+
+def pytest_collection_modifyitems(config, items):
+    if _skip_check is not None:   # every collected test, before the split: stale-line check
+        _skip_check["collected"] = {item.nodeid for item in items}
+    elif _is_xdist_worker(config) and os.environ.get(EXPECTED_SKIPS_ENV):   # for the controller
+        config.workeroutput["collected"] = [item.nodeid for item in items]
+    suite = config.getoption("suite")
+    if suite == "all":
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("slow") is not None) == (suite == "slow") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _is_xdist_worker(config) -> bool:
+    """Under pytest-xdist (`make test` runs `-n 2`) every worker's reports reach the controller's
+    hooks too: only the controller (or a plain run) judges skips and logs durations."""
+    return hasattr(config, "workerinput")
+
+
+_worker = False
+
+
 def pytest_configure(config):
-    global _skip_check
+    global _skip_check, _worker
+    _worker = _is_xdist_worker(config)
     name = os.environ.get(EXPECTED_SKIPS_ENV)
-    if not name:
+    if not name or _worker:
         return
     path = pathlib.Path(name)
     path = path if path.is_absolute() else pathlib.Path(config.rootpath) / path
@@ -49,6 +89,10 @@ def pytest_configure(config):
 
 def _matches(nodeid: str, patterns: list[str]) -> list[str]:
     return [p for p in patterns if fnmatch.fnmatchcase(nodeid, p)]
+
+
+def _matches_any(nodeids, pattern: str) -> bool:
+    return any(fnmatch.fnmatchcase(n, pattern) or n.startswith(pattern + "::") for n in nodeids)
 
 
 def _record(report) -> None:
@@ -66,8 +110,34 @@ def pytest_collectreport(report):
     _record(report)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist controller: a worker's collection before the fast / slow split, for the stale-line check."""
+    if _skip_check is not None:
+        _skip_check.setdefault("collected", set()).update(getattr(node, "workeroutput", {}).get("collected", []))
+
+
+# --- per-test wall time, written as each test finishes -------------------------------------------
+# $SCALING_RL_DURATIONS_LOG names a file that gets one line per test, `<seconds>\t<node id>` (setup +
+# call + teardown), appended as soon as the test ends: an interrupted or timed-out run still leaves the
+# ranking of what ran (`--durations` prints only at the end). `sort -rn` it for the slowest.
+DURATIONS_ENV = "SCALING_RL_DURATIONS_LOG"
+_durations: dict[str, float] = {}
+
+
+def _log_duration(report) -> None:
+    name = os.environ.get(DURATIONS_ENV)
+    if not name or _worker:
+        return
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    if report.when == "teardown":
+        with open(name, "a") as f:
+            f.write(f"{_durations.pop(report.nodeid):.2f}\t{report.nodeid}\n")
+
+
 def pytest_runtest_logreport(report):
     _record(report)
+    _log_duration(report)
 
 
 def _whole_suite(config) -> bool:
@@ -85,7 +155,9 @@ def pytest_sessionfinish(session, exitstatus):
     problems += [f"listed as skipping but ran: {nodeid}" for nodeid in sorted(_skip_check["ran"])
                  if _matches(nodeid, patterns)]
     if _whole_suite(session.config):
-        problems += [f"listed but matches no test: {p}" for p in patterns if p not in _skip_check["seen"]]
+        collected = _skip_check.get("collected", set())
+        problems += [f"listed but matches no test: {p}" for p in patterns
+                     if p not in _skip_check["seen"] and not _matches_any(collected, p)]
     _skip_check["problems"] = problems
     if problems and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

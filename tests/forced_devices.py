@@ -9,10 +9,11 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def run_check(script: str, timeout: float = 900) -> dict:
+def run_check(script: str, timeout: float = 900, **extra_env: str) -> dict:
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env["JAX_PLATFORMS"] = "cpu"
+    env.update(extra_env)
     proc = subprocess.run([sys.executable, str(HERE / script)], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=HERE.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]

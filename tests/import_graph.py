@@ -4,6 +4,7 @@ tests/test_import_layers.py and tests/test_sweep_imports.py."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "scaling_rl"
@@ -23,12 +24,13 @@ def _is_type_checking(node: ast.If) -> bool:
         (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _runtime_imports(tree: ast.AST):
-    """Import nodes anywhere (module level or inside functions), except under `if TYPE_CHECKING:`."""
+def _runtime_imports(tree: ast.AST, *, type_checking: bool = False):
+    """Import nodes anywhere (module level or inside functions), except under `if TYPE_CHECKING:`
+    (those too when `type_checking`)."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if not type_checking and isinstance(node, ast.If) and _is_type_checking(node):
             stack.extend(node.orelse)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -36,8 +38,15 @@ def _runtime_imports(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the package modules it imports at run time (a parent package's __init__ is not an edge)."""
+def import_graph(*, type_checking: bool = False) -> dict[str, set[str]]:
+    """module -> the package modules it imports (a fresh copy of the cached graph: callers may edit it)."""
+    return {m: set(deps) for m, deps in _import_graph(type_checking).items()}
+
+
+@functools.lru_cache(maxsize=2)   # the source does not change during a test run; parsing it takes seconds
+def _import_graph(type_checking: bool) -> dict[str, set[str]]:
+    """module -> the package modules it imports at run time (a parent package's __init__ is not an edge);
+    `type_checking`: also the imports under `if TYPE_CHECKING:` (what a reader or type checker follows)."""
     mods = _modules()
 
     def resolve(name: str) -> str:
@@ -49,7 +58,7 @@ def import_graph() -> dict[str, set[str]]:
     for mod, path in mods.items():
         pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
         deps = set()
-        for node in _runtime_imports(ast.parse(path.read_text())):
+        for node in _runtime_imports(ast.parse(path.read_text()), type_checking=type_checking):
             if isinstance(node, ast.Import):
                 deps |= {resolve(a.name) for a in node.names if a.name.startswith("scaling_rl")}
                 continue

@@ -161,6 +161,7 @@ def test_goal_reacher_declares_goal_and_obs_layout():
 
 
 # --- learning and the depth study (one run: the depth script's --tiny mode) -------------------------
+@pytest.mark.slow   # a long learning run (`make test-slow`; docs/testing.md)
 def test_crl_learns_point_u_maze_far_above_random_and_depth_study_writes_outputs(tmp_path):
     """CRL at depths 4 and 8 (2 seeds each, 1k warm-up + 16k env steps, 2k updates) beats a random
     policy measured in the same test by a wide margin, and the depth script writes md/png/json."""

@@ -71,7 +71,6 @@ def test_gymnax_shapes_and_dtypes(config, kw, obs_dim, discrete, num_actions):
                                                       "gymnax/CartPole-v1": 500}.get(name, 1000)
 
 
-@pytest.mark.slow
 def test_brax_reacher_shapes_and_bounds():
     # brax compiles slowly on CPU (tens of seconds): one small program for the whole test
     env, fn = rollout_fn("brax/reacher", 2, 3)

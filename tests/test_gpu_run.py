@@ -3,9 +3,10 @@
 scripts/gpu_emulate.py gives run.sh an interpreter that sees only the device image's packages
 (benchmarks/gpu/image_packages.txt: no brax, gymnax, mujoco, wandb; no editable scaling_rl), a copy
 of the repository as it travels, and checks $OUT the way the transfer back does. The dry run here
-covers sections a (backbone MFU) and c (CRL launch -> first chunk; imports the agent, the env and
-the replay without brax/gymnax); `python scripts/gpu_emulate.py` runs all six (minutes: every CRL
-program compiles).
+covers sections a (backbone MFU), b (scanned vs unrolled CRL update: both children finish and print
+their ratio), c (CRL launch -> first chunk; imports the agent, the env and the replay without
+brax/gymnax) and d (packed trials: a ratio per pack size, printed as it goes);
+`python scripts/gpu_emulate.py` runs all seven (minutes: every CRL program compiles).
 """
 from __future__ import annotations
 
@@ -73,18 +74,28 @@ def test_emulated_dry_run_on_the_image_packages(tmp_path):
     wheels.mkdir()
     _tiny_wheel(wheels / "gpu_probe-0.1-py3-none-any.whl")
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_emulate.py"), "--python", python,
-                           "--keep", str(work), "--wheels", str(wheels), "--timeout", "400", "--", "--dry", "--sections", "a,c"],
-                          capture_output=True, text=True, timeout=450)
+                           "--keep", str(work), "--wheels", str(wheels), "--timeout", "800", "--", "--dry", "--sections", "a,b,c,d"],
+                          capture_output=True, text=True, timeout=850)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     assert "gpu_emulate ok" in proc.stdout.splitlines()[-1]
     out = work / "out"
     assert sorted(p.name for p in out.iterdir()) == ["log.txt", "results.json", "results.md"]
     record = json.loads((out / "results.json").read_text())
-    assert record["dry"] is True and set(record["sections"]) == {"a", "c"}
+    assert record["dry"] is True and set(record["sections"]) == {"a", "b", "c", "d"}
     assert all(s["status"] == "ok" for s in record["sections"].values()), record
     md = (out / "results.md").read_text()
     assert "| 4 | 16 | 16 |" in md                                   # section a's table row
     assert "launch -> first chunk" in md and "env-steps/s" in md      # section c's result
+    # section b: the side-by-side comparison finishes (a finite ratio), then the scanned stack alone,
+    # plainly and with while loops in command buffers (the flag parses: XLA aborts on an unknown one)
+    b_lines = record["sections"]["b"]["lines"]
+    ratios = [float(ln.split("=", 1)[1]) for ln in b_lines if ln.startswith("min_speedup_vs_unrolled=")]
+    assert len(ratios) == 3 and ratios[0] > 0 and "stopped after" not in "\n".join(b_lines)
+    # section d: one row and one ratio per pack size; one trial is its own baseline
+    d = {ln.split("=")[0]: float(ln.split("=")[1]) for ln in record["sections"]["d"]["lines"]
+         if ln.startswith("packed_ratio_")}
+    assert set(d) == {"packed_ratio_1", "packed_ratio_2", "packed_ratio_4"} and d["packed_ratio_1"] == 1.0
+    assert all(v > 0 for v in d.values())
     # brax/gymnax/wandb are not importable there, and the run did not need them
     image_py = work / "image" / "bin" / "python"
     probe = subprocess.run([str(image_py), "-c", "import importlib.util as u; "

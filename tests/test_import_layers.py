@@ -44,3 +44,4 @@ def test_no_import_circles_in_the_package():
     assert graph["scaling_rl.llm.source_factory"] >= {"scaling_rl.llm.sources", "scaling_rl.llm.ray_source",
                                                        "scaling_rl.llm.hogwild"}
     assert cycles(graph) == []
+    assert cycles(import_graph(type_checking=True)) == []   # nor through the type-only imports

@@ -195,6 +195,7 @@ run_sweep(parse_spec(json.loads(sys.argv[1])), progress=False)
 """
 
 
+@pytest.mark.slow   # soak: random kill -9s (`make test-slow`; docs/testing.md)
 def test_kill_minus_9_at_random_moments_resumes_to_the_same_stops(tmp_path, fake_eval, full):
     import os
     import random

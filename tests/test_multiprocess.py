@@ -13,6 +13,11 @@ import pytest
 from scaling_rl.multiprocess import free_port
 
 CHECK = Path(__file__).with_name("multiprocess_check.py")
+# Four fresh JAX processes compiling SAC, CRL and CRL-global updates: the slow suite (`make test-slow`,
+# docs/testing.md). `make test` keeps multi-process training (tests/test_multiprocess_train.py: two
+# processes train, are killed, resume, move checkpoints between process counts) and the 2- and 8-device
+# data-parallel equivalences (test_crl.py, test_parallel.py).
+pytestmark = pytest.mark.slow
 
 
 def _result(proc) -> dict:

@@ -335,7 +335,8 @@ def estimand():
     return _coverage_fit(400, 12345, 30).params()
 
 
-@pytest.mark.parametrize("seeds", [3, 5, 10])
+@pytest.mark.parametrize("seeds", [pytest.param(3, marks=pytest.mark.slow), 5,
+                                   pytest.param(10, marks=pytest.mark.slow)])   # 3 and 10: `make test-slow`
 def test_90_percent_intervals_cover_85_to_95_percent(estimand, seeds):
     """Coverage of the 90% intervals of the 5 law parameters over COVERAGE_REPS independent synthetic
     studies (pooled: 200 (study, parameter) cases, binomial sd ≈ 2.1% at a true 90%; deterministic

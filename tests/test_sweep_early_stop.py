@@ -319,6 +319,7 @@ def test_killed_after_the_decision_resumes_to_the_same_stop(tmp_path):
     assert len((tdir / "executions.log").read_text().splitlines()) == 2
 
 
+@pytest.mark.slow   # soak (`make test-slow`); the deterministic kill: test_killed_after_the_decision_resumes_to_the_same_stop
 def test_kill_minus_9_at_random_moments_then_resume(tmp_path):
     out = tmp_path / "store"
     p = tmp_path / "spec.yaml"

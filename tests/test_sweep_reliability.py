@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from scaling_rl.sweep import Store, collect, toy
 
@@ -60,6 +61,7 @@ def wait_unlocked(store: Store, timeout: float = 20.0) -> None:
     raise AssertionError("workers outlived their killed runner")
 
 
+@pytest.mark.slow   # soak (`make test-slow`); a killed runner that resumes: test_sweep_agents, test_sweep_adaptive
 def test_kill_minus_9_at_random_moments_then_rerun_finishes_everything_once(tmp_path):
     out = tmp_path / "store"
     n = 6
@@ -113,3 +115,14 @@ def test_eight_concurrent_writers_lose_nothing(tmp_path):
     runs = [len((store.trial_dir(t) / "executions.log").read_text().splitlines()) for t in store.trial_ids()]
     assert runs == [1] * n
     assert len({store.status(t)["pid"] for t in store.trial_ids()}) >= 2  # the work was shared
+
+
+def test_a_trial_another_process_is_adding_is_not_unreadable(tmp_path):
+    """`add` makes the trial directory, then links trial.json in: a concurrent `sweep run` checking the
+    store in between must not call that trial unreadable (it raised FileNotFoundError -> exit 2)."""
+    store = Store(tmp_path / "store")
+    d = store.trial_dir("abc123")
+    d.mkdir(parents=True)
+    assert store.unreadable("abc123") is None
+    (d / "trial.json").write_text("{")
+    assert "not valid JSON" in store.unreadable("abc123")

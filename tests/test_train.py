@@ -209,10 +209,14 @@ def test_config_mismatch_is_a_one_line_error(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     import fcntl
 
-    with open(tmp_path / ".lock") as held:  # another process is training into this directory
+    # a finished run is final: it is answered from its status file without taking the lock
+    assert train.run(TOY, ToyConfig(env_steps=16), tmp_path, seeds=1, progress=False) is not None
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    with open(busy / ".lock", "a") as held:  # another process is training into this (unfinished) directory
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(train.ConfigError, match="in use by another training process"):
-            train.run(TOY, ToyConfig(env_steps=16), tmp_path, seeds=1, progress=False)
+            train.run(TOY, ToyConfig(env_steps=16), busy, seeds=1, progress=False)
 
 
 def test_divergence_writes_metrics_then_raises(tmp_path):

@@ -5,13 +5,15 @@
      dense BF16 peak), and the same against a measured 8192^3 bf16 jnp.dot (the reachable ceiling).
      Only matmul FLOPs count (nets.backbone_flops_breakdown: forward, dW of every Dense, dX of every
      Dense but the input one), so elementwise work never flatters it.
-  b  one CRL update (width 256, batch 256, bf16) scanned vs unrolled at depths 16/64 (the unrolled side
-     only where it compiles inside its limit), then scanned alone at 256 and 1024
+  b  one CRL update (width 256, batch 256, bf16) scanned vs unrolled at depth 16 (the unrolled side
+     only where it compiles inside its limit; depth 64 did not fit), then scanned alone at the operating
+     point, depth 64, without and with XLA command buffers for while loops
      (benchmarks/crl_throughput.py: step-time ratio, XLA's peak bytes).
   c  launch -> first trained chunk at depth 64 on the goal task point_maze/big_maze (512 envs, batch
      512, width 256, utd 1/40, 25,600 env steps a chunk): seconds from this section's process start.
-  d  seeds in one program: 8 CRL seeds vmapped in one jitted train vs 8 sequential calls of the 1-seed
-     program (same work; compile excluded): speedup.
+  d  packed trials: 1, 8, 32, 128 CRL trials (own seed and lr each; depth 64, width 256, batch 256)
+     as one vmapped chunk program vs one by one (k calls of the 1-trial program): trials/hour ratio,
+     compile excluded and printed beside; each row printed as it is measured (goal >= 20x at 128).
   e  CRL depth 4 vs 16 vs 64 on point_maze/big_maze at the paper's width/batch (256/512), 4 seeds
      vmapped, the same env steps for every depth: depth 64 runs first for its time share and sets the
      env-step budget; final deterministic eval, mean ± 95% t-interval over seeds, random policy beside.
@@ -43,12 +45,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PEAK = 989e12                       # H200 SXM dense BF16 FLOP/s (spec sheet)
 SECTIONS = "abcdefg"
-BUDGET_S = {"a": 50, "b": 110, "c": 60, "d": 55, "e": 130, "f": 75, "g": 90}    # 570 s in all
+BUDGET_S = {"a": 50, "b": 105, "c": 60, "d": 60, "e": 130, "f": 75, "g": 90}    # 570 s in all
 DRY_BUDGET_S = {**{k: 120 for k in SECTIONS}, "b": 320, "d": 300, "e": 300, "f": 200, "g": 200}   # loaded 2-core box
 TITLES = {"a": "backbone fwd+bwd throughput, bf16 (MFU)",
           "b": "CRL update: scanned vs unrolled, bf16",
           "c": "launch -> first trained chunk, depth 64",
-          "d": "seeds vmapped in one program vs sequential",
+          "d": "packed trials: k trials in one program vs one by one",
           "e": "CRL depth 4 vs 16 vs 64 at equal env steps",
           "f": "GRPO, torch + JAX on one GPU, one step per rollout mode",
           "g": "GRPO from a Qwen2.5-0.5B-architecture init_from directory on the GPU"}
@@ -105,11 +107,12 @@ def section_a(dry: bool) -> None:
              f"{flops / secs / PEAK:.1%} | {flops / secs / ceiling:.1%} |")
 
 
-def _run_child(cmd: list[str], budget: float) -> int:
+def _run_child(cmd: list[str], budget: float, env: dict | None = None) -> int:
     """A child process whose lines are passed through as they come; killed at `budget` seconds."""
     import threading
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=None if env is None else {**os.environ, **env})
     th = threading.Thread(target=lambda: [emit(line.rstrip()) for line in proc.stdout], daemon=True)
     th.start()
     try:
@@ -123,7 +126,15 @@ def _run_child(cmd: list[str], budget: float) -> int:
     return rc
 
 
+WHILE_IN_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+
+
 def section_b(dry: bool) -> None:
+    # the unrolled reference compiles in ~0.9 s per depth on the H200 (14.7 s at depth 16, 2026-12-04):
+    # depth 64 did not fit the section, so the side-by-side runs at 16 only; then the scanned stack alone
+    # at the operating point (64), plainly and with its while loops captured in CUDA graphs (XLA command
+    # buffers: one launch per loop instead of ~530 kernels and a host-read condition per block;
+    # benchmarks/crl_launches.py counts them). Each child prints its rows as it goes.
     bench = str(ROOT / "benchmarks" / "crl_throughput.py")
     common = [sys.executable, bench, "--compute-dtype", "bfloat16"]
     if dry:
@@ -131,16 +142,18 @@ def section_b(dry: bool) -> None:
                 "--unrolled-compile-limit", "60"]
         alone = ["--depths", "8", "--width", "8", "--batch-size", "8", "--repeats", "1", "--no-unrolled"]
     else:
-        both = ["--depths", "16,64", "--width", "256", "--batch-size", "256", "--repeats", "10",
-                "--unrolled-compile-limit", "40"]
-        alone = ["--depths", "256,1024", "--width", "256", "--batch-size", "256", "--repeats", "10",
-                 "--no-unrolled"]
+        both = ["--depths", "16", "--width", "256", "--batch-size", "256", "--repeats", "10",
+                "--unrolled-compile-limit", "25"]
+        alone = ["--depths", "64", "--width", "256", "--batch-size", "256", "--repeats", "10", "--no-unrolled"]
     emit("-- scanned vs unrolled --")
-    rc = _run_child(common + both, 70 if not dry else 150)
+    rc = _run_child(common + both, 45 if not dry else 150)
     emit("-- scanned alone --")
-    rc2 = _run_child(common + alone, 45 if not dry else 150)
-    if rc or rc2:
-        raise RuntimeError(f"crl_throughput exited {rc} / {rc2}")
+    rc2 = _run_child(common + alone, 30 if not dry else 150)
+    emit(f"-- scanned alone, XLA_FLAGS {WHILE_IN_COMMAND_BUFFERS} --")
+    flags = (os.environ.get("XLA_FLAGS", "") + " " + WHILE_IN_COMMAND_BUFFERS).strip()
+    rc3 = _run_child(common + alone, 30 if not dry else 150, env={"XLA_FLAGS": flags})
+    if rc or rc2 or rc3:
+        raise RuntimeError(f"crl_throughput exited {rc} / {rc2} / {rc3}")
 
 
 def _crl_config(dry: bool, depth: int, **kw):
@@ -185,32 +198,66 @@ def section_c(dry: bool) -> None:
          f"loss/critic {float(m['loss/critic']):.3f}")
 
 
-def section_d(dry: bool) -> None:
+PACK_SIZES = (1, 8, 32, 128)
+DRY_PACK_SIZES = (1, 2, 4)
+
+
+def section_d(dry: bool, budget: float) -> None:
+    """Packed trials: k CRL trials (own seed, own lr) as one vmapped chunk program vs k calls of the
+    1-trial program; trials/hour ratio = k x t(1) / t(k), compile excluded (printed beside).
+    Every row is printed as soon as it is measured; a size that would not fit the device (the agent's
+    peak estimate, nets.memory) or the section's time left is skipped with a line that says so."""
     import jax
+    import numpy as np
 
     from scaling_rl.agents import crl
+    from scaling_rl.nets import memory
 
-    seeds = 2 if dry else 8
-    cfg = (_crl_config(True, 4, env_steps=8 + 32) if dry else
-           _crl_config(False, 4, num_envs=64, batch_size=256, chunk_env_steps=64 * 64, learning_starts=256,
-                       utd=1 / 16, buffer_size=64 * 256, eval_episodes=16))
-    train = crl.make_train(cfg)
-    keys = jax.random.split(jax.random.PRNGKey(0), seeds)
-    t0 = time.perf_counter()
-    vmapped = jax.jit(jax.vmap(train)).lower(keys).compile()
-    vmap_compile = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    single = jax.jit(train).lower(keys[0]).compile()
-    single_compile = time.perf_counter() - t0
-    emit(f"CRL {cfg.env} width {cfg.width} depth {cfg.depth} batch {cfg.batch_size} envs {cfg.num_envs} "
-         f"env_steps/seed {cfg.env_steps}, {seeds} seeds (one timed run each; compile excluded)")
-    emit("| mode | compile s | run s |")
-    emit("|---|---:|---:|")
-    vmap_run = timed(vmapped, keys)[0]              # each line is printed the moment it is known: a
-    emit(f"| vmap (1 program) | {vmap_compile:.1f} | {vmap_run:.3f} |")   # budget overrun keeps it
-    seq_run = timed(lambda: [single(k) for k in keys])[0]
-    emit(f"| sequential ({seeds} calls) | {single_compile:.1f} | {seq_run:.3f} |")
-    emit(f"speedup_vmap_over_sequential={seq_run / vmap_run:.2f}  (target >= 5)")
+    t_start = time.perf_counter()
+    sizes = DRY_PACK_SIZES if dry else PACK_SIZES
+    cfg = (_crl_config(True, 4, compute_dtype="bfloat16") if dry else
+           _crl_config(False, 64, num_envs=64, batch_size=256, chunk_env_steps=64 * 8, learning_starts=256,
+                       utd=1 / 16, buffer_size=64 * 256, eval_episodes=16, compute_dtype="bfloat16"))
+    agent = crl.make(cfg)
+    per_seed = memory.estimate_peak_bytes(crl, cfg, agent, 1) or 0
+    limit, source = memory.memory_budget_bytes()
+    emit(f"CRL {cfg.env} depth {cfg.depth} width {cfg.width} batch {cfg.batch_size} envs {cfg.num_envs} "
+         f"utd {cfg.utd:g}, {cfg.chunk_env_steps} env steps a chunk; trial i: seed i, lr 3e-4 x 1.1^i; "
+         f"per-trial peak estimate {per_seed / 2 ** 20:.0f} MiB of {limit / 2 ** 30:.1f} GiB ({source})")
+    emit("| trials | compile s | chunk s | trials x chunks / s | ratio vs one by one |")
+    emit("|---:|---:|---:|---:|---:|")
+    reps = 1 if dry else 2
+    t_one, last_compile = None, 0.0
+    for k in sizes:
+        if k * per_seed > 0.8 * limit:
+            emit(f"| {k} | – | – | – | skipped: needs ~{k * per_seed / 2 ** 30:.1f} GiB |")
+            continue
+        left = budget - (time.perf_counter() - t_start)
+        # what this size needs if packing pays >= 4x: its compile (~ the last one) and reps + 1 chunks
+        if t_one is not None and left < last_compile + 3 + (reps + 1) * k * t_one / 4:
+            emit(f"| {k} | – | – | – | skipped: {left:.0f} s left |")
+            continue
+        keys = jax.random.split(jax.random.PRNGKey(0), k)
+        lrs = np.asarray([3e-4 * 1.1 ** i for i in range(k)], np.float32)
+        init = jax.jit(jax.vmap(lambda key, lr: agent.set_hparams(agent.init(key), {"lr": lr})))
+        state = init(keys, lrs)
+        t0 = time.perf_counter()
+        chunk = jax.jit(jax.vmap(agent.chunk), donate_argnums=0).lower(state).compile()
+        compile_s = last_compile = time.perf_counter() - t0
+        state, m = chunk(state)                 # warm-up run: first-call allocations
+        jax.block_until_ready(m)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            state, m = chunk(state)
+            jax.block_until_ready(m)
+            best = min(best, time.perf_counter() - t0)
+        if k == 1:
+            t_one = best
+        ratio = k * t_one / best
+        emit(f"| {k} | {compile_s:.1f} | {best:.3f} | {k / best:.2f} | {ratio:.2f} |")
+        emit(f"packed_ratio_{k}={ratio:.2f}")
+        del state, chunk
 
 
 def section_e(dry: bool, budget: float) -> None:
@@ -368,7 +415,7 @@ def write_atomic(path: Path, text: str) -> None:
 def child(section: str, dry: bool, budget: float) -> int:
     fn = globals()[f"section_{section}"]
     try:
-        fn(dry, budget) if section == "e" else fn(dry)
+        fn(dry, budget) if section in ("d", "e") else fn(dry)
     except Exception as e:                              # noqa: BLE001
         emit(f"section {section} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return 1

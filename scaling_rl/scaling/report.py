@@ -199,9 +199,12 @@ def _ten_x(fit: dict, rows: list[dict]) -> str:
         x = math.log(10 * F0)
         k = int(np.searchsorted(lF, x))
         r = rows[min(k, len(rows) - 1)]
+        j = float(np.interp(x, lF, [q["threshold"] for q in rows]))
+        t = rows[0]["task"]
+        pct = f" ({100 * j:.0f}%)" if fit["settings"]["normalize"] == "task" else ""
         return (f"**10× the budget** of the lowest threshold ({_g(F0)} → {_g(10 * F0)} FLOPs) reaches about "
-                f"J = {_g(float(np.interp(x, lF, [q['threshold'] for q in rows])))}; near-optimal there (J = "
-                f"{_g(r['threshold'])}): {_region_text(r)}.")
+                f"J = {_g(_raw(fit, t, j), 4)}{pct}; near-optimal at the next threshold up (J = "
+                f"{_g(_raw(fit, t, r['threshold']), 4)}): {_region_text(r)}.")
     nxt = ("extend " + ", ".join(edges) + "; " if edges else "")
     return (f"**10× the budget** ({_g(10 * F0)} FLOPs) is outside what this sweep measured (its optima span "
             f"×{_g(Fmax / F0)} in F): to answer it, {nxt}run longer (more env steps) so that higher thresholds are "

@@ -253,3 +253,38 @@ def check_spec(spec: Any, backend: str | None = None) -> None:
     raise SpecError(f"{_where(spec.raw, key)}: a trial with {key}={t.config[key]} needs "
                     f"~{format_bytes(worst_need)} for {t.seeds} seed(s) ({COMPONENTS}), more than "
                     f"{desc}; lower {key}")
+
+
+# ---- how many trials one packed program may hold ---------------------------------------------
+PACK_FILL = 0.8          # of the budget: what a pack may take (the rest: XLA's own workspace)
+UNESTIMATED_HEADROOM = 2  # × the lower bound for agents without a peak estimate (activations)
+
+
+def seed_peak_bytes(agent: str, config: dict) -> int | None:
+    """Bytes one seed of `config` may need at its peak: the agent module's `memory_bytes` estimate
+    (the one `train.run` checks; CRL has it) when there is one, else UNESTIMATED_HEADROOM × the lower
+    bound above (activations are not in it); None for a trial kind without either."""
+    try:
+        from scaling_rl import agents
+        mod = agents.get(agent)
+    except (KeyError, ValueError, ImportError):
+        mod = None
+    if mod is not None and hasattr(mod, "memory_bytes"):
+        from scaling_rl.nets import memory as net_memory
+        cfg = mod.Config.from_dict(config)
+        return int(net_memory.estimate_peak_bytes(mod, cfg, mod.make(cfg), 1))
+    parts = trial_bytes(agent, config, 1)
+    return None if parts is None else UNESTIMATED_HEADROOM * int(sum(parts.values()))
+
+
+def pack_capacity(agent: str, config: dict, seeds: int, *, mem_fraction: float | None = None,
+                  limit: int = 256) -> int:
+    """How many trials of `seeds` seeds each one program may hold on this machine: as many as fit
+    PACK_FILL of the local budget (× `mem_fraction`, a worker's share of a shared GPU), at least 1,
+    at most `limit`; `limit` when the trial kind has no estimate."""
+    per_seed = seed_peak_bytes(agent, config)
+    if per_seed is None or per_seed <= 0:
+        return limit
+    total, _ = budget("local")
+    room = PACK_FILL * total * (mem_fraction if mem_fraction else 1.0)
+    return int(max(1, min(limit, room // (per_seed * max(1, int(seeds))))))

@@ -1,17 +1,22 @@
 """Packing: trials that differ only in their first `seed` and in shape-preserving
 hyper-parameters run as ONE vmapped program.
 
-Most Config fields are static (closed over by the agent's `make`: widths, UTD, batch...), but an
-agent module's `PACKABLE` fields (SAC: lr, actor_lr, alpha_lr, weight_decay; DQN: lr,
+Most Config fields are static (closed over by the agent's `make`: widths, UTD, batch, tau...), but
+an agent module's `PACKABLE` fields (SAC: lr, actor_lr, alpha_lr, weight_decay; DQN: lr,
 weight_decay; CRL: lr) live in the optimiser states (`optax.inject_hyperparams`), so one program
 can give every seed its own values. Trials are grouped by their config minus those fields (the
 trial kind's `packable()`); a pack of k trials of n seeds each runs
-`train.run(seeds=k*n, seed=<first member's seed>, seed_configs=<member j's config for seeds
-j*n..j*n+n-1>)` in `<root>/packs/<pack id>/`, and member j receives pack seeds j*n .. j*n+n-1
-(renumbered 0..n-1) as its metrics. A packed member is an equally valid, independent sample, but
-its random stream is not bit-identical to the same trial run alone (train.run derives seed i as
-fold_in(PRNGKey(seed), i)); its status records `packed_in`. (Seed i of a pack with member configs
-equals seed i of `train.run` with that member's config and the same root seed: tests check it.)
+`train.run(seeds=k*n, seed_configs=<member j's config for seeds j*n..j*n+n-1>,
+seed_ids=<(member j's seed, i) for seed j*n+i>)` in `<root>/packs/<pack id>/`, and member j
+receives pack seeds j*n .. j*n+n-1 (renumbered 0..n-1) as its metrics. With `seed_ids` seed i of
+member j is keyed fold_in(PRNGKey(trial j's seed), i), exactly as when trial j runs alone, so a
+packed member's metrics equal its one-by-one metrics to float tolerance (tests/test_packed_trials.py);
+trial kinds whose `run` takes no `seed_ids` (the toy) get pack seeds from the first member's seed.
+Its status records `packed_in`; its trial directory gets config.json and metrics.parquet.
+
+How many trials one program holds is chosen per group from the machine's memory
+(`memory.pack_capacity`: the agent's peak estimate × seeds against 80% of the local budget, a
+worker's `gpu_mem_fraction` of a shared GPU), at most MAX_PACK; bigger groups are split evenly.
 
 On divergence the members owning the bad seeds become `diverged` and the rest run alone later;
 on any other failure every member falls back to running alone (`no_pack`).
@@ -25,6 +30,7 @@ savings) exactly as an unpacked trial would.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import traceback
 from collections import defaultdict
@@ -36,7 +42,7 @@ from scaling_rl.sweep.registry import trial_param_count
 from scaling_rl.sweep.trial import canonical_json
 from scaling_rl.sweep.store import FINISHED, Store, _now
 
-MAX_PACK = 16
+MAX_PACK = 256   # trials per program at most, whatever the memory allows
 
 
 def pack_key(trial, packable: tuple = ()) -> str:
@@ -45,10 +51,12 @@ def pack_key(trial, packable: tuple = ()) -> str:
     return canonical_json({"agent": trial.agent, "config": config, "seeds": trial.seeds})
 
 
-def groups(store: Store, tids) -> list[list[str]]:
+def groups(store: Store, tids, capacity=None) -> list[list[str]]:
     """Unfinished trials grouped by everything but the seed and the packable hyper-parameters
-    (members sorted by config, then seed); trial kinds that cannot pack are left out."""
+    (members sorted by config, then seed), each group cut into near-equal packs of at most
+    `capacity(trial)` members (default MAX_PACK); trial kinds that cannot pack are left out."""
     by_key: dict[str, list] = defaultdict(list)
+    first: dict[str, object] = {}
     for tid in tids:
         st = store.status(tid)
         if st.get("no_pack") or st.get("state") in (*FINISHED, "failed"):
@@ -57,13 +65,45 @@ def groups(store: Store, tids) -> list[list[str]]:
         kind = registry.get(t.agent)
         if kind.packable is None:
             continue
-        by_key[pack_key(t, tuple(kind.packable()))].append((canonical_json(t.config), t.seed, tid))
+        key = pack_key(t, tuple(kind.packable()))
+        by_key[key].append((canonical_json(t.config), t.seed, tid))
+        first.setdefault(key, t)
     out = []
-    for members in by_key.values():
+    for key, members in by_key.items():
         members.sort()
         ids = [tid for *_, tid in members]
-        out.extend(ids[i:i + MAX_PACK] for i in range(0, len(ids), MAX_PACK))
+        cap = max(1, min(MAX_PACK, int(capacity(first[key]) if capacity else MAX_PACK)))
+        parts = -(-len(ids) // cap)
+        size = -(-len(ids) // parts)
+        out.extend(ids[i:i + size] for i in range(0, len(ids), size))
     return out
+
+
+def memory_capacity(opts):
+    """`groups`' capacity from this machine's memory (`memory.pack_capacity`), cached per group key."""
+    from scaling_rl.sweep import memory
+
+    cache: dict[str, int] = {}
+
+    def capacity(trial) -> int:
+        key = canonical_json([trial.agent, trial.config, trial.seeds])
+        if key not in cache:
+            try:
+                cache[key] = memory.pack_capacity(trial.agent, trial.config, trial.seeds,
+                                                  mem_fraction=getattr(opts, "gpu_mem_fraction", None),
+                                                  limit=MAX_PACK)
+            except (ValueError, TypeError):   # no estimate for this config: train.run judges it
+                cache[key] = MAX_PACK
+        return cache[key]
+
+    return capacity
+
+
+def _takes_seed_ids(run) -> bool:
+    try:
+        return "seed_ids" in inspect.signature(run).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def run_pack(store: Store, group: list[str], opts, run_single) -> int:
@@ -101,6 +141,8 @@ def run_pack(store: Store, group: list[str], opts, run_single) -> int:
             extra = {}
             if any(t.config != first.config for t in trials):  # per-seed hyper-parameters
                 extra["seed_configs"] = [t.config for t in trials for _ in range(n)]
+            if _takes_seed_ids(kind.run):   # each member's seeds keep the keys they have alone
+                extra["seed_ids"] = [(t.seed, i) for t in trials for i in range(n)]
             if getattr(opts, "early_stop", None) is not None:
                 if not kind.stoppable:   # refused at spec time; never ignore a rule silently
                     raise ValueError(f"early_stop: agent {first.agent!r} cannot stop a trial early")

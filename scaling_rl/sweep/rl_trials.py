@@ -33,11 +33,12 @@ def _packable(agent: str) -> tuple:
 
 
 def _run(agent: str, config: dict, out_dir: str, seeds: int, seed: int, *, wandb=False,
-         checkpoint_every: int = 1, seed_configs=None, stop=None):
+         checkpoint_every: int = 1, seed_configs=None, stop=None, seed_ids=None):
     from scaling_rl import agents, train
     cfg = agents.get(agent).Config.from_dict(config)
     return train.run(agent, cfg, out_dir, seeds, seed=seed, wandb=wandb, progress=False,
-                     checkpoint_every=checkpoint_every, seed_configs=seed_configs, stop=stop)
+                     checkpoint_every=checkpoint_every, seed_configs=seed_configs, stop=stop,
+                     seed_ids=seed_ids)
 
 
 def _kind(agent: str) -> TrialKind:

@@ -1,7 +1,8 @@
 """Running a spec: `prepare` the store, then `run_sweep` its trials on a backend.
 
-Re-exported by `scaling_rl.sweep`; `adaptive` imports it from here (not from the package), so the
-package -> spec -> adaptive chain never loops back.
+Re-exported by `scaling_rl.sweep`; `adaptive` imports it from here (not from the package). The spec
+parses its `adaptive:` block with `sweep.design` (not `sweep.adaptive`), so adaptive -> run -> spec
+never loops back, type-only imports included.
 """
 from __future__ import annotations
 

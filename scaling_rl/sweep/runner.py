@@ -210,7 +210,7 @@ def worker_loop(opts: RunOptions, index: int = 0, *, poll_s: float = 0.2) -> int
             return ran
         progressed = False
         if opts.pack:
-            for group in packing.groups(store, todo):
+            for group in packing.groups(store, todo, packing.memory_capacity(opts)):
                 if len(group) > 1:
                     n = packing.run_pack(store, group, opts, run_single=run_claimed)
                     ran += n

@@ -80,7 +80,7 @@ class Spec:
     compile_cache: Any       # path (str) or False
     raw: dict                # the YAML as loaded (for the record)
     early_stop: Any = None   # sweep.early_stop.Rule | None
-    adaptive: Any = None     # sweep.adaptive.Design | None (then `trials` are the candidates)
+    adaptive: Any = None     # sweep.design.Design | None (then `trials` are the candidates)
 
 
 def _one_line(e: BaseException) -> str:
@@ -419,8 +419,8 @@ def parse_spec(data: dict, *, source: str = "spec", base_dir: str | os.PathLike 
         early_stop = es.from_spec(data["early_stop"], kind=kind, trials=trials)   # SpecError on bad input
     adaptive = None
     if data.get("adaptive") not in (None, False):
-        from scaling_rl.sweep import adaptive as ad
-        adaptive = ad.from_spec(data["adaptive"], trials=trials, early_stop=early_stop, seeds=seeds)
+        from scaling_rl.sweep.design import parse_design
+        adaptive = parse_design(data["adaptive"], trials=trials, early_stop=early_stop, seeds=seeds)
     return Spec(name=name, agent=agent, out_dir=out_dir, trials=tuple(trials), backend=backend,
                 wandb=wandb, pack=pack, checkpoint_every=ckpt, compile_cache=cache, raw=data,
                 early_stop=early_stop, adaptive=adaptive)

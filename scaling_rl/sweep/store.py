@@ -143,12 +143,16 @@ class Store:
         return st
 
     def unreadable(self, tid: str) -> str | None:
-        """Why the trial's trial.json or trial_status.json cannot be read (one line), or None."""
+        """Why the trial's trial.json or trial_status.json cannot be read (one line), or None. A trial
+        whose directory exists without trial.json is one another process is adding right now (`add`
+        makes the directory, then links the record in atomically): absent is not unreadable."""
         try:
             self.trial(tid)
             self.status(tid)
         except CorruptFile as e:
             return str(e)
+        except FileNotFoundError:
+            return None
         return None
 
     def write_status(self, claim: Claim, state: str, **fields) -> dict:
