@@ -5,6 +5,7 @@ are exactly what it produces (text and table outputs verbatim, figures by count)
 the analysis the committed notebook must be regenerated with `make notebook`."""
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -126,10 +127,58 @@ def execute(nb: nbf.NotebookNode, timeout: int = 120) -> nbf.NotebookNode:
     with _clean_env(), tempfile.TemporaryDirectory() as tmp:
         NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                        resources={"metadata": {"path": tmp}}).execute()
-    nb.metadata = {"kernelspec": nb.metadata["kernelspec"]}
+    nb.metadata = {"kernelspec": nb.metadata["kernelspec"], "scaling_rl": {"machine": machine()}}
     for c in nb.cells:
         c.metadata.pop("execution", None)
     return nb
+
+
+def machine() -> str:
+    """The machine type the outputs were made on (CPU model and vector ISA): the printed numbers are
+    bit-reproducible on the same type; across types the BLAS/XLA kernels round differently and an
+    optimiser can end a few percent elsewhere (see `same_up_to_rounding`)."""
+    import platform
+    model, flags = "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = val.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(val.split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx512f", "avx2", "fma", "neon", "asimd") if f in flags]
+    return " ".join([platform.machine(), model or platform.processor(), *isa]).strip()
+
+
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def same_up_to_rounding(got: list, want: list, rtol: float = 0.25, atol: float = 1e-3) -> list[str]:
+    """Differences between two `comparable` outputs that rounding on another machine type does not
+    explain: any change of text, structure or output kind, or a number off by more than rtol/atol
+    (measured across CPU types: a held-out extrapolation error 0.077 vs 0.087, everything else equal)."""
+    import numpy as np
+    problems = []
+    if len(got) != len(want):
+        return [f"{len(got)} code cells vs {len(want)}"]
+    for i, (g, w) in enumerate(zip(got, want)):
+        if [x[0] for x in g] != [x[0] for x in w] or [x[2:] for x in g if x[0] != "stdout"] != \
+                [x[2:] for x in w if x[0] != "stdout"]:
+            problems.append(f"code cell {i}: the outputs' kinds differ")
+            continue
+        for x, y in zip(g, w):
+            a, b = x[1] or "", y[1] or ""
+            if NUMBER.split(a) != NUMBER.split(b):
+                problems.append(f"code cell {i}: the text differs beyond its numbers")
+                continue
+            na, nb_ = (np.array([float(t) for t in NUMBER.findall(s)]) for s in (a, b))
+            bad = ~np.isclose(na, nb_, rtol=rtol, atol=atol)
+            if bad.any():
+                j = int(np.argmax(bad))
+                problems.append(f"code cell {i}: {na[j]:g} vs {nb_[j]:g} (and {int(bad.sum()) - 1} more)")
+    return problems
 
 
 def comparable(nb: nbf.NotebookNode) -> list:

@@ -147,8 +147,9 @@ def _grad_program(cfg, x):
 
 def test_scan_saves_only_matmul_outputs_with_the_same_gradients(monkeypatch):
     """The save policy (docs/deep_stacks.md): the forward loop keeps 4 matmul outputs + the block
-    input per CRL block instead of 28 arrays; loss bit for bit, gradients to float32 rounding (the
-    recomputed elementwise ops fuse differently, as they already did between scanned and unrolled)."""
+    input per CRL block instead of 28 arrays; the same loss and gradients to float32 rounding (the
+    recomputed elementwise ops fuse differently, as they already did between scanned and unrolled; bit
+    for bit on some CPUs, a few ulps apart on others, e.g. AMD EPYC: 3.1009908 vs 3.1009903)."""
     from scaling_rl.nets import backbone, block_saved_bytes_per_row, memory
 
     x = jax.random.normal(jax.random.key(5), (8, IN_DIM))
@@ -161,7 +162,7 @@ def test_scan_saves_only_matmul_outputs_with_the_same_gradients(monkeypatch):
     monkeypatch.setattr(backbone, "SCAN_SAVE_POLICY", None)        # JAX's scan saving everything
     _, everything = _grad_program(cfg, x)
     old_loss, old_g = everything(params)
-    assert float(loss) == float(old_loss) == float(u_loss)
+    np.testing.assert_allclose([float(loss), float(old_loss)], float(u_loss), rtol=1e-6, atol=0)
     close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)  # noqa: E731
     jax.tree.map(close, g, old_g)
     jax.tree.map(close, g, stack_params(u_g))

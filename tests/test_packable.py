@@ -23,11 +23,13 @@ CONFIGS = {
 }
 # where each packable value must land: {name: [(optimizer path, hyper-parameter), ...]}
 ROUTES = {
-    "dqn": {"lr": [("opt", "learning_rate")], "weight_decay": [("opt", "weight_decay")]},
+    "dqn": {"lr": [("opt", "learning_rate")], "weight_decay": [("opt", "weight_decay")],
+            "tau": [(None, "tau")]},
     "crl": {"lr": [("opt_state", "learning_rate")]},
     "sac": {"lr": [("opt/critic", "learning_rate")], "actor_lr": [("opt/actor", "learning_rate")],
             "alpha_lr": [("opt/alpha", "learning_rate")],
-            "weight_decay": [("opt/critic", "weight_decay"), ("opt/actor", "weight_decay")]},
+            "weight_decay": [("opt/critic", "weight_decay"), ("opt/actor", "weight_decay")],
+            "tau": [(None, "tau")]},   # None: a learner entry of its own (the Polyak rate), not an optimiser's
 }
 
 
@@ -50,7 +52,7 @@ def test_set_hparams_routes_every_packable_value(name):
     state = jax.jit(agent.set_hparams)(state, values)
     for key, places in ROUTES[name].items():
         for path, hp in places:
-            got = float(_opt(state.learner, path).hyperparams[hp])
+            got = float(state.learner[hp] if path is None else _opt(state.learner, path).hyperparams[hp])
             np.testing.assert_allclose(got, values[key], rtol=1e-6, err_msg=f"{name}.{key} -> {path}")
 
 

@@ -18,9 +18,10 @@ BASE = dict(env="gymnax/CartPole-v1", width=8, depth=1, batch_size=4, env_steps=
 TIMING = ("wall_time", "chunk_time", "eval_time", "env_steps_per_s")
 
 
-def _spec(out, pack: bool):
+def _spec(out, pack: bool, grid=None):
+    grid = grid or {"seed": [0, 3], "lr": [1e-3, 3e-3], "tau": [0.01, 0.5]}
     return parse_spec({"agent": "dqn", "out_dir": str(out), "seeds": 2, "pack": pack, "base": BASE,
-                       "grid": {"seed": [0, 3], "lr": [1e-3, 3e-3]}})
+                       "grid": grid})
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +55,11 @@ def test_packed_members_equal_their_one_by_one_runs(both):
             checked += 1
         cfg = json.loads((packed.trial_dir(t.id) / "config.json").read_text())
         assert cfg["config"] == t.config and cfg["seed"] == t.seed and cfg["seeds"] == 2
-    assert checked >= 4 * 10
-    # the members really differ (own lr, own seeds): not four copies of one run
+    assert checked >= 8 * 10
+    # the members really differ (own lr, own τ, own seeds): not eight copies of one run
     losses = {float(pd.read_parquet(packed.trial_dir(t.id) / "metrics.parquet")["loss/critic"].iloc[-1])
               for t in spec.trials}
-    assert len(losses) == 4
+    assert len(losses) == 8
 
 
 def test_rerun_of_a_packed_sweep_runs_nothing(both):
@@ -69,7 +70,7 @@ def test_rerun_of_a_packed_sweep_runs_nothing(both):
 
 
 def test_pack_size_follows_the_memory_budget(tmp_path, monkeypatch):
-    spec = _spec(tmp_path / "s", True)
+    spec = _spec(tmp_path / "s", True, grid={"seed": [0, 3], "lr": [1e-3, 3e-3]})   # 4 trials
     store = prepare(spec)
     t = spec.trials[0]
     per_seed = memory.seed_peak_bytes("dqn", t.config)

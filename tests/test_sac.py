@@ -299,34 +299,40 @@ def test_learner_reset_keeps_per_seed_optimizer_hyperparams():
     opt = common.make_adam(0.1)
 
     def init(key):
-        return {"updates": jnp.zeros((), jnp.int32), "opt": opt.init(jnp.zeros(3))}
+        return {"updates": jnp.zeros((), jnp.int32), "opt": opt.init(jnp.zeros(3)),
+                "tau": jnp.asarray(0.005, jnp.float32)}
 
     def update(learner, batch, key):
         return {**learner, "updates": learner["updates"] + 1}, {"loss/critic": jnp.zeros(())}
 
     algo = _counting_algorithm(1)._replace(
         init=init, update=update,
-        set_hparams=lambda l, hp: {**l, "opt": common.set_hyperparams(l["opt"], learning_rate=hp["lr"])})
+        set_hparams=lambda l, hp: {**l, "opt": common.set_hyperparams(l["opt"], learning_rate=hp["lr"]),
+                                   "tau": jnp.asarray(hp["tau"], jnp.float32)})
     cfg = sac.Config(width=8, depth=1, batch_size=4, utd=1.0, env_steps=8 + 3 * 4, learning_starts=8,
                      chunk_env_steps=4, buffer_size=64, val_buffer_size=8, eval_episodes=1, reset_every=3)
     agent = common.build_agent(cfg, algo, 0)
-    state = agent.set_hparams(jax.jit(agent.init)(jax.random.PRNGKey(0)), {"lr": 0.25})
+    state = agent.set_hparams(jax.jit(agent.init)(jax.random.PRNGKey(0)), {"lr": 0.25, "tau": 0.5})
     chunk = jax.jit(agent.chunk)
     for _ in range(agent.num_chunks):
         state, m = chunk(state)
     assert int(m["grad_steps"]) == 12 and int(state.learner["updates"]) == 0  # reset at 12
     assert float(state.learner["opt"].hyperparams["learning_rate"]) == 0.25
+    assert float(state.learner["tau"]) == 0.5      # τ (a learner entry, not an optimiser state) too
 
 
 def test_sac_set_hparams_routes_each_value_to_its_optimizer():
     cfg = sac.Config(width=8, depth=1, batch_size=4, env_steps=8 + 4, learning_starts=8, chunk_env_steps=4,
                      buffer_size=64, val_buffer_size=8, eval_episodes=1, lr=1e-3, actor_lr=None)
-    assert sac.hparams(cfg) == {"lr": 1e-3, "actor_lr": 1e-3, "alpha_lr": 3e-4, "weight_decay": 1e-4}
+    assert sac.hparams(cfg) == {"lr": 1e-3, "actor_lr": 1e-3, "alpha_lr": 3e-4, "weight_decay": 1e-4,
+                                "tau": cfg.tau}
     assert set(sac.hparams(cfg)) == set(sac.PACKABLE)
     agent = sac.make(cfg)
     state = jax.eval_shape(agent.init, jax.random.PRNGKey(0))
     state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), state)
-    state = agent.set_hparams(state, {"lr": 0.1, "actor_lr": 0.2, "alpha_lr": 0.3, "weight_decay": 0.4})
+    state = agent.set_hparams(state, {"lr": 0.1, "actor_lr": 0.2, "alpha_lr": 0.3, "weight_decay": 0.4,
+                                      "tau": 0.5})
+    assert float(state.learner["tau"]) == 0.5     # τ: the learner's own entry (the Polyak update reads it)
     opt = state.learner["opt"]
     got = {name: {k: float(v) for k, v in opt[name].hyperparams.items() if k in ("learning_rate", "weight_decay")}
            for name in ("critic", "actor", "alpha")}

@@ -47,6 +47,7 @@ def test_dqn_sweep_resumes_after_kill_and_collects_for_the_fit(tmp_path):
     # a parent that used wandb exports its service ($WANDB_SERVICE); the killed attempt must not
     # leave its run id "in use" there for the resumed one (trials start their own service)
     import wandb
+    wandb.teardown()   # an earlier test in this worker may hold a singleton that exported no service
     wandb.setup()
     env["WANDB_SERVICE"] = os.environ["WANDB_SERVICE"]
     proc = subprocess.Popen([*SCALING_RL, "sweep", "run", str(spec), "--workers", "1", "--no-progress"],

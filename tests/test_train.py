@@ -462,7 +462,9 @@ def test_seed_configs_give_each_seed_its_own_learning_rate(tmp_path):
     cfgs = [_tiny_dqn(lr=lr, weight_decay=wd) for lr, wd in zip(lrs, (0.0, 1e-2))]
     packed = train.run("dqn", cfgs[0], tmp_path / "packed", seeds=2, progress=False, seed_configs=cfgs)
     record = json.loads((tmp_path / "packed" / "config.json").read_text())
-    assert record["seed_hparams"] == [{"lr": 3e-3, "weight_decay": 0.0}, {"lr": 3e-4, "weight_decay": 1e-2}]
+    tau = cfgs[0].tau
+    assert record["seed_hparams"] == [{"lr": 3e-3, "weight_decay": 0.0, "tau": tau},
+                                      {"lr": 3e-4, "weight_decay": 1e-2, "tau": tau}]
     state = train.load_state(tmp_path / "packed")[0]
     np.testing.assert_allclose(state.learner["opt"].hyperparams["learning_rate"], lrs, rtol=1e-6)
     alone = train.run("dqn", cfgs[1], tmp_path / "alone", seeds=2, progress=False)
@@ -484,7 +486,7 @@ def test_seed_configs_give_each_seed_its_own_learning_rate(tmp_path):
 
 
 @pytest.mark.parametrize("configs, message", [
-    (lambda: [_tiny_dqn(), _tiny_dqn(width=32)], r"seed_configs\[1\]: differs from cfg outside lr, weight_decay \(width"),
+    (lambda: [_tiny_dqn(), _tiny_dqn(width=32)], r"seed_configs\[1\]: differs from cfg outside lr, weight_decay, tau \(width"),
     (lambda: [_tiny_dqn()], "expected a list of 2 configs"),
     (lambda: [{"lr": -1.0}, {}], r"seed_configs\[0\]: lr: must be > 0"),
 ])

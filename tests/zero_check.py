@@ -13,7 +13,7 @@ import sys  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from scaling_rl import acco, parallel, replay, goal_replay, zero  # noqa: E402
 from scaling_rl.agents import common, crl, sac  # noqa: E402
@@ -25,10 +25,20 @@ def max_diff(a, b) -> float:
     return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+def on_mesh(tree, mesh, sharded: bool = False):
+    """`tree` placed as the shard_map'd update returns it: replicated, or (optimiser state, ACCO's pending
+    gradients) split along `data` as `zero.state_specs` says. An input placed otherwise (the init's
+    single-device arrays) would make the second step compile the whole update again."""
+    specs = zero.state_specs(tree) if sharded else jax.tree.map(lambda _: P(), tree)
+    return jax.device_put(tree, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+
+
 def run(update, learner, batches, keys):
     f = jax.jit(update)
     for b, k in zip(batches, keys):
         learner, aux = f(learner, b, k)
+    size = getattr(f, "_cache_size", lambda: 1)()
+    assert size == 1, f"the update compiled {size} times: place its input as it returns it (on_mesh)"
     return learner, aux
 
 
@@ -71,17 +81,19 @@ def check_crl(mesh, keys):
     zlearner = state.learner.replace(opt_state=opt.init(state.learner.params))
     same = same_shapes(jax.eval_shape(zro.init, jax.random.PRNGKey(0)).learner, zlearner)
     zstate = state.replace(learner=zlearner)
+    rlearner = on_mesh(state.learner, mesh)
+    zlearner = on_mesh(zlearner, mesh).replace(opt_state=on_mesh(zlearner.opt_state, mesh, sharded=True))
     batches = [dict(zip(("state", "action", "goal"), (lambda n, f, _: (n["state"], n["action"], f["achieved"]))(
         *goal_replay.sample(state.buffer, jax.random.PRNGKey(20 + i), cfg.batch_size, cfg.gamma))))
         for i in range(STEPS)]
-    a, ma = run(rep.update, state.learner, batches, keys)
-    b, mb = run(zro.update, zstate.learner, batches, keys)
+    a, ma = run(rep.update, rlearner, batches, keys)
+    b, mb = run(zro.update, zlearner, batches, keys)
     # the learner flag acco=ddp|acco (scaling_rl/acco.py learner_update) from the same ZeRO-1 state
     acc = {}
     for mode in ("ddp", "acco"):
         agent = crl.make(dataclasses.replace(cfg, zero_optimizer=True, acco=mode), mesh=mesh)
-        alearner = zlearner.replace(opt_state={"opt": zlearner.opt_state,
-                                               "pending": acco.pending_init(zlearner.params, 4)})
+        alearner = zlearner.replace(opt_state={"opt": zlearner.opt_state, "pending": on_mesh(
+            acco.pending_init(state.learner.params, 4), mesh, sharded=True)})
         if mode == "acco":
             acc["init_same_shapes"] = same_shapes(jax.eval_shape(agent.init, jax.random.PRNGKey(0)).learner,
                                                   alearner)
@@ -114,15 +126,17 @@ def check_sac(mesh, keys):
                              "alpha": zero.ShardedOptimizer(common.make_adam(scfg.alpha_lr), 4).init(L["log_alpha"])}}
     same = same_shapes(jax.eval_shape(zro.init, jax.random.PRNGKey(0)).learner, zlearner)
     zstate = state.replace(learner=zlearner)
+    zlearner = {**on_mesh(zlearner, mesh), "opt": on_mesh(zlearner["opt"], mesh, sharded=True)}
     batches = [replay.sample(state.replay, jax.random.PRNGKey(30 + i), scfg.batch_size) for i in range(STEPS)]
-    a, ma = run(rep.update, state.learner, batches, keys)
-    b, mb = run(zro.update, zstate.learner, batches, keys)
+    a, ma = run(rep.update, on_mesh(state.learner, mesh), batches, keys)
+    b, mb = run(zro.update, zlearner, batches, keys)
     nets_a = {k: a[k] for k in ("actor", "critic", "log_alpha")}
     nets_b = {k: b[k] for k in ("actor", "critic", "log_alpha")}
     # acco=acco trains SAC (actor, critic, temperature groups) from the same ZeRO-1 state
     agent = sac.make(dataclasses.replace(scfg, zero_optimizer=True, acco="acco"), mesh=mesh)
     nets0 = {k: L[k] for k in ("actor", "critic", "log_alpha")}
-    c, mc = run(agent.update, {**zlearner, "acco_pending": acco.pending_init(nets0, 4)}, batches, keys)
+    c, mc = run(agent.update, {**zlearner, "acco_pending": on_mesh(acco.pending_init(nets0, 4), mesh, sharded=True)},
+                batches, keys)
     nets_c = {k: c[k] for k in nets0}
     acc = {"change": max_diff(nets_c, nets0), "vs_zero": max_diff(nets_c, nets_b),
            "finite": bool(all(jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((c, mc)))),

@@ -146,15 +146,25 @@ def set_hyperparams(opt_state: Any, **values) -> Any:
     return opt_state._replace(hyperparams=hp)
 
 
+# Learner entries that hold a hyper-parameter outside an optimiser state (a traced, possibly per-seed
+# value: the target networks' Polyak rate τ), so trials differing in it share one packed program.
+HPARAM_KEYS = ("tau",)
+
+
 def copy_hyperparams(dst: Any, src: Any) -> Any:
-    """`dst` with every injected optimiser state's hyper-parameters taken from the same place in
-    `src` (same structure), e.g. to keep packed per-seed learning rates across a learner reset."""
-    return jax.tree.map(lambda d, s: d._replace(hyperparams=s.hyperparams) if _is_injected(d) else d,
-                        dst, src, is_leaf=_is_injected)
+    """`dst` with every injected optimiser state's hyper-parameters, and the `HPARAM_KEYS` entries of
+    a learner dict, taken from the same place in `src` (same structure), e.g. to keep packed per-seed
+    learning rates and τ across a learner reset."""
+    out = jax.tree.map(lambda d, s: d._replace(hyperparams=s.hyperparams) if _is_injected(d) else d,
+                       dst, src, is_leaf=_is_injected)
+    if isinstance(out, dict) and isinstance(src, dict):
+        out = {**out, **{k: src[k] for k in HPARAM_KEYS if k in out and k in src}}
+    return out
 
 
-def polyak_update(target: Any, online: Any, tau: float) -> Any:
-    """target <- (1 - tau)·target + tau·online, leafwise (tau=1 copies)."""
+def polyak_update(target: Any, online: Any, tau: float | jax.Array) -> Any:
+    """target <- (1 - tau)·target + tau·online, leafwise (tau=1 copies); `tau` a number or a traced
+    scalar (the learner's own `tau` entry, per seed when packed)."""
     return jax.tree.map(lambda t, o: t + tau * (o - t), target, online)
 
 

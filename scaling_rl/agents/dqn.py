@@ -87,13 +87,13 @@ def double_q_target(reward, discount, q_next_online, q_next_target, double: bool
     return reward + discount * jnp.take_along_axis(q_next_target, best[:, None], axis=-1)[:, 0]
 
 
-# Config fields that live in the optimiser state (see sac.PACKABLE).
-PACKABLE = ("lr", "weight_decay")
+# Config fields that live in the train state (see sac.PACKABLE).
+PACKABLE = ("lr", "weight_decay", "tau")
 
 
 def hparams(cfg: Config) -> dict[str, float]:
-    """The `PACKABLE` values a run of `cfg` puts in its optimiser state."""
-    return {"lr": float(cfg.lr), "weight_decay": float(cfg.weight_decay)}
+    """The `PACKABLE` values a run of `cfg` puts in its train state."""
+    return {"lr": float(cfg.lr), "weight_decay": float(cfg.weight_decay), "tau": float(cfg.tau)}
 
 
 def make(cfg: Config, mesh=None) -> common.Agent:
@@ -111,7 +111,7 @@ def make(cfg: Config, mesh=None) -> common.Agent:
 
     def init_learner(key):
         params = qnet.init(key, jnp.zeros((1, spec.obs_dim), jnp.float32))
-        return {"q": params, "target": params, "opt": tx.init(params)}
+        return {"q": params, "target": params, "opt": tx.init(params), "tau": jnp.asarray(cfg.tau, jnp.float32)}
 
     def td_target(params, target, batch):
         return double_q_target(batch["reward"], batch["discount"], qnet.apply(params, batch["next_obs"]),
@@ -134,7 +134,8 @@ def make(cfg: Config, mesh=None) -> common.Agent:
         (_, aux), grads = value_and_grad(learner["q"], batch, learner["target"])
         updates, opt = tx.update(grads, learner["opt"], learner["q"])
         q = optax.apply_updates(learner["q"], updates)
-        return {"q": q, "target": common.polyak_update(learner["target"], q, cfg.tau), "opt": opt}, aux
+        return {"q": q, "target": common.polyak_update(learner["target"], q, learner["tau"]), "opt": opt,
+                "tau": learner["tau"]}, aux
 
     def td_error(learner, batch, key):
         del key
@@ -160,7 +161,8 @@ def make(cfg: Config, mesh=None) -> common.Agent:
 
     def set_hparams(learner, hp):
         return {**learner, "opt": common.set_hyperparams(learner["opt"], learning_rate=hp["lr"],
-                                                         weight_decay=hp["weight_decay"])}
+                                                         weight_decay=hp["weight_decay"]),
+                "tau": jnp.asarray(hp["tau"], jnp.float32)}
 
     algo = common.Algorithm(init=init_learner, act=act, act_eval=act_eval, update=update,
                             td_error=td_error, diagnostics=diagnostics, set_hparams=set_hparams)

@@ -39,9 +39,10 @@ from scaling_rl.agents import common
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
-# Config fields that live in the optimiser states (not in the program): trials differing only in
-# these (and the seed) can share one vmapped program (sweep packing; train.run(seed_configs=...)).
-PACKABLE = ("lr", "actor_lr", "alpha_lr", "weight_decay")
+# Config fields that live in the train state, not in the program (the optimiser states' injected
+# hyper-parameters; τ in the learner's `tau` entry): trials differing only in these (and the seed)
+# can share one vmapped program (sweep packing; train.run(seed_configs=...)).
+PACKABLE = ("lr", "actor_lr", "alpha_lr", "weight_decay", "tau")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +182,7 @@ def make(cfg: Config, mesh=None) -> common.Agent:
         actor_params = actor.init(k_actor, obs)
         log_alpha = jnp.asarray(math.log(cfg.init_alpha), jnp.float32)
         return {"actor": actor_params, "critic": critic_params, "target_critic": critic_params,
-                "log_alpha": log_alpha,
+                "log_alpha": log_alpha, "tau": jnp.asarray(cfg.tau, jnp.float32),
                 "opt": {"actor": actor_opt.init(actor_params), "critic": critic_opt.init(critic_params),
                         "alpha": alpha_opt.init(log_alpha)} if sharded is None else
                        {"actor": sharded["actor"].init(actor_params),
@@ -233,7 +234,8 @@ def make(cfg: Config, mesh=None) -> common.Agent:
                 new["acco_pending"] = pending
             else:
                 new, states, _, aux = zero_step(params, states, with_noise(batch, key), learner["target_critic"])
-            new["target_critic"] = common.polyak_update(learner["target_critic"], new["critic"], cfg.tau)
+            new["target_critic"] = common.polyak_update(learner["target_critic"], new["critic"], learner["tau"])
+            new["tau"] = learner["tau"]
             new["opt"] = {opt_key[k]: v for k, v in states.items()}
             return new, aux
         (_, aux), grads = value_and_grad(params, with_noise(batch, key), learner["target_critic"])
@@ -243,7 +245,8 @@ def make(cfg: Config, mesh=None) -> common.Agent:
                                    ("log_alpha", alpha_opt, "alpha")):
             updates, new_opt[opt_name] = tx.update(grads[name], opt[opt_name], params[name])
             new[name] = optax.apply_updates(params[name], updates)
-        new["target_critic"] = common.polyak_update(learner["target_critic"], new["critic"], cfg.tau)
+        new["target_critic"] = common.polyak_update(learner["target_critic"], new["critic"], learner["tau"])
+        new["tau"] = learner["tau"]
         new["opt"] = new_opt
         return new, aux
 
@@ -275,7 +278,7 @@ def make(cfg: Config, mesh=None) -> common.Agent:
                "actor": common.set_hyperparams(opt["actor"], learning_rate=hp["actor_lr"],
                                                weight_decay=hp["weight_decay"]),
                "alpha": common.set_hyperparams(opt["alpha"], learning_rate=hp["alpha_lr"])}
-        return {**learner, "opt": opt}
+        return {**learner, "opt": opt, "tau": jnp.asarray(hp["tau"], jnp.float32)}
 
     algo = common.Algorithm(init=init_learner, act=act, act_eval=act_eval, update=update,
                             td_error=td_error, diagnostics=diagnostics, set_hparams=set_hparams)
@@ -283,9 +286,9 @@ def make(cfg: Config, mesh=None) -> common.Agent:
 
 
 def hparams(cfg: Config) -> dict[str, float]:
-    """The `PACKABLE` values a run of `cfg` puts in its optimiser states (actor_lr None -> lr)."""
+    """The `PACKABLE` values a run of `cfg` puts in its train state (actor_lr None -> lr)."""
     return {"lr": float(cfg.lr), "actor_lr": float(cfg.actor_lr or cfg.lr),
-            "alpha_lr": float(cfg.alpha_lr), "weight_decay": float(cfg.weight_decay)}
+            "alpha_lr": float(cfg.alpha_lr), "weight_decay": float(cfg.weight_decay), "tau": float(cfg.tau)}
 
 
 def param_count(cfg: Config, obs_dim: int, action_dim: int) -> int:

@@ -1,10 +1,10 @@
 """Packing: trials that differ only in their first `seed` and in shape-preserving
 hyper-parameters run as ONE vmapped program.
 
-Most Config fields are static (closed over by the agent's `make`: widths, UTD, batch, tau...), but
-an agent module's `PACKABLE` fields (SAC: lr, actor_lr, alpha_lr, weight_decay; DQN: lr,
-weight_decay; CRL: lr) live in the optimiser states (`optax.inject_hyperparams`), so one program
-can give every seed its own values. Trials are grouped by their config minus those fields (the
+Most Config fields are static (closed over by the agent's `make`: widths, UTD, batch, gamma...), but
+an agent module's `PACKABLE` fields (SAC: lr, actor_lr, alpha_lr, weight_decay, tau; DQN: lr,
+weight_decay, tau; CRL: lr) live in the train state (the optimiser states' `optax.inject_hyperparams`
+values; τ in the learner's `tau` entry), so one program can give every seed its own values. Trials are grouped by their config minus those fields (the
 trial kind's `packable()`); a pack of k trials of n seeds each runs
 `train.run(seeds=k*n, seed_configs=<member j's config for seeds j*n..j*n+n-1>,
 seed_ids=<(member j's seed, i) for seed j*n+i>)` in `<root>/packs/<pack id>/`, and member j

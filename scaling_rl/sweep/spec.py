@@ -21,7 +21,7 @@ A spec is plain YAML::
                                      # array_parallelism or --workers).
     wandb: false                     # or {project: ..., mode: offline|online}
     pack: false                      # trials differing only in seed / packable hyper-parameters
-                                     # (the agent's PACKABLE: lr, ...) run as one vmapped program
+                                     # (the agent's PACKABLE: lr, tau, ...) run as one vmapped program
     checkpoint_every: 1              # chunks between checkpoints
     early_stop:                      # optional (sweep/early_stop.py): end a trial once its D_J is settled
       metric: eval_return            #   the logged metric the thresholds are in
