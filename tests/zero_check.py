@@ -13,7 +13,7 @@ import sys  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
 
 from scaling_rl import acco, parallel, replay, goal_replay, zero  # noqa: E402
 from scaling_rl.agents import common, crl, sac  # noqa: E402
@@ -26,18 +26,19 @@ def max_diff(a, b) -> float:
 
 
 def on_mesh(tree, mesh, sharded: bool = False):
-    """`tree` placed as the shard_map'd update returns it: replicated, or (optimiser state, ACCO's pending
-    gradients) split along `data` as `zero.state_specs` says. An input placed otherwise (the init's
-    single-device arrays) would make the second step compile the whole update again."""
-    specs = zero.state_specs(tree) if sharded else jax.tree.map(lambda _: P(), tree)
-    return jax.device_put(tree, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+    """`tree` placed as the shard_map'd update returns it: replicated (`parallel.replicate`), or (optimiser
+    state, ACCO's pending gradients) split along `data` as `zero.state_specs` says. An input placed
+    otherwise (the init's single-device arrays) would make the second step compile the whole update again."""
+    if not sharded:
+        return parallel.replicate(tree, mesh)
+    return jax.device_put(tree, jax.tree.map(lambda s: NamedSharding(mesh, s), zero.state_specs(tree)))
 
 
 def run(update, learner, batches, keys):
     f = jax.jit(update)
     for b, k in zip(batches, keys):
         learner, aux = f(learner, b, k)
-    size = getattr(f, "_cache_size", lambda: 1)()
+    size = f._cache_size()
     assert size == 1, f"the update compiled {size} times: place its input as it returns it (on_mesh)"
     return learner, aux
 
@@ -48,8 +49,7 @@ def same_shapes(a, b) -> bool:
 
 
 def per_device_shapes(state, mesh):
-    specs = zero.state_specs(state)
-    placed = jax.device_put(state, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+    placed = on_mesh(state, mesh, sharded=True)
     return [[list(x.shape), list(x.addressable_shards[0].data.shape)] for x in jax.tree.leaves(placed)]
 
 
