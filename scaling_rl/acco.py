@@ -252,6 +252,11 @@ OVERLAP_MODES = ("ddp", "zero1", "acco")
 _PROGRAMS: dict = {}
 
 
+# small host-side helpers as one program each (eager per-leaf ops would compile once per leaf and device)
+_minus = jax.jit(lambda a, b: jax.tree.map(jnp.subtract, a, b))
+_stack_rows = jax.jit(lambda rows: jax.tree.map(lambda *r: jnp.concatenate(r), *rows))
+
+
 class OverlapState(NamedTuple):
     """The overlapped learner's state (outside any shard_map). `params`: replicated global arrays;
     `opt_state`: ZeRO-1 layout (zero1, acco) or replicated (ddp); `pending`: per device (mesh order),
@@ -331,6 +336,7 @@ class OverlappedAcco:
             raise ValueError(f"slowdown: one factor >= 1 per device ({n}), got {self.slowdown}")
         self._pool = cf.ThreadPoolExecutor(n + 1)
         self._programs: dict[str, Any] = {}
+        self._warm: set[int] = set()   # devices whose accumulate program has run once (compiled)
         self.last_counts: list[list[int]] = []   # per round of the last update: micro-batches per device
 
     # -- programs -----------------------------------------------------------------------------------
@@ -384,23 +390,49 @@ class OverlappedAcco:
         return dict(self._programs)
 
     # -- state --------------------------------------------------------------------------------------
-    def _zero_acc(self, params, d, aux_shape):
-        z = (jax.tree.map(lambda p: jnp.zeros((1,) + jnp.shape(p), jnp.result_type(p)), params),
-             jnp.zeros((), jnp.float32), jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), aux_shape))
-        return jax.device_put(z, d)
-
-    def init(self, params, example_micro_batch, extra=None) -> OverlapState:
-        """The state at `params` (no pending gradient: the first update's estimate is θ_0 itself)."""
+    def init(self, params, example_micro_batch, extra=None, opt_state=None) -> OverlapState:
+        """The state at `params` (no pending gradient: the first update's estimate is θ_0 itself), with
+        a fresh optimiser state unless `opt_state` (this mode's layout: ZeRO-1 for zero1 / acco, plain
+        optax for ddp) is given."""
         self._aux_shape = jax.eval_shape(lambda p, b: self.loss_fn(p, b, extra)[1], params, example_micro_batch)
         rep = NamedSharding(self.mesh, P())
         if self.mode == "ddp":
-            opt_state = jax.device_put(self.opts.tx.init(params), rep)
+            opt_state = jax.device_put(self.opts.tx.init(params) if opt_state is None else opt_state, rep)
         else:
-            state = self.opts.init(params)
-            opt_state = jax.device_put(state, jax.tree.map(
-                lambda s: NamedSharding(self.mesh, s), zero.state_specs(state, self.axis)))
-        self._zeros = [self._zero_acc(params, d, self._aux_shape) for d in self.devices]
+            state = self.opts.init(params) if opt_state is None else opt_state
+            # placed by one program (a device_put of each leaf would compile a slicing program per leaf)
+            opt_state = jax.jit(lambda x: x, out_shardings=jax.tree.map(
+                lambda s: NamedSharding(self.mesh, s), zero.state_specs(state, self.axis)))(jax.device_put(state, rep))
+        zeros = jax.jit(lambda p: (jax.tree.map(lambda x: jnp.zeros((1,) + jnp.shape(x), jnp.result_type(x)), p),
+                                   jnp.zeros((), jnp.float32),
+                                   jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), self._aux_shape)))
+        z = zeros(jax.eval_shape(lambda p: p, params))
+        self._zeros = [jax.device_put(z, d) for d in self.devices]
         return OverlapState(jax.device_put(params, rep), opt_state, tuple(self._zeros), (0,) * len(self.devices))
+
+    def from_learner(self, params, opt_state, pending: Pending | None, example_micro_batch,
+                     extra=None) -> OverlapState:
+        """The state of a learner kept as single-device arrays between host chunks (a train state
+        that is checkpointed and seed-stacked): `opt_state` in this mode's layout (ZeRO-1 for zero1 /
+        acco, plain optax for ddp), `pending` (acco) the gradients waiting for the next update, rows
+        per device (`pending_init`'s layout, also the fused `learner_update`'s)."""
+        state = self.init(params, example_micro_batch, extra, opt_state)
+        if self.mode != "acco" or pending is None:
+            return state
+        split = jax.jit(lambda g: [jax.tree.map(lambda x: x[d:d + 1], g) for d in range(len(self.devices))])
+        rows = tuple(jax.device_put((g, z[1], z[2]), dev)
+                     for dev, g, z in zip(self.devices, split(pending.grads), self._zeros))
+        counts = tuple(int(round(float(c))) for c in np.asarray(pending.count))
+        return OverlapState(state.params, state.opt_state, rows, counts)
+
+    def to_learner(self, state: OverlapState, device=None):
+        """(params, opt_state, Pending) on one device (default: the mesh's first): the inverse of
+        `from_learner` (pending rows stacked in mesh order; zeros for ddp / zero1)."""
+        dev = device or self.devices[0]
+        rows = jax.device_put([p[0] for p in state.pending], dev)
+        grads = _stack_rows(rows)
+        count = jax.device_put(np.asarray(state.pending_count, np.float32), dev)
+        return (jax.device_put(state.params, dev), jax.device_put(state.opt_state, dev), Pending(grads, count))
 
     # -- one update ---------------------------------------------------------------------------------
     def _local(self, params):
@@ -432,8 +464,9 @@ class OverlappedAcco:
             mb = jax.device_put(source(d, start_k + k), dev)
             t0 = time.perf_counter()
             acc = jax.block_until_ready(step(acc, params, mb, extra))
-            if self.slowdown[d] > 1:
+            if self.slowdown[d] > 1 and d in self._warm:   # a first call's compile time is not compute
                 time.sleep((self.slowdown[d] - 1) * (time.perf_counter() - t0))
+            self._warm.add(d)
             k += 1
             if fixed is not None:
                 if k >= fixed:
@@ -484,8 +517,7 @@ class OverlappedAcco:
             params, opt_state = comm.result()
             self.last_counts = [c1, c2]
             # the loss / aux of round 1 alone: its sums minus the pending ones it started from
-            now_accs = [(None, a[1] - p[1], jax.tree.map(jnp.subtract, a[2], p[2]))
-                        for a, p in zip(accs1, state.pending)]
+            now_accs = [(None,) + _minus((a[1], a[2]), (p[1], p[2])) for a, p in zip(accs1, state.pending)]
             now_counts = c1
             new = OverlapState(params, opt_state, tuple(accs2), tuple(c2))
         total = float(max(sum(now_counts), 1))

@@ -11,7 +11,7 @@ from scaling_rl.errors import UsageError  # noqa: F401  (kept importable from he
 # (module, description). Each module defines `register(subparsers)` which adds its
 # sub-command(s) with `set_defaults(func=callable(args) -> int)`.
 _COMMANDS = [
-    ("scaling_rl.train", "train one agent configuration (seeds vmapped)"),
+    ("scaling_rl.train_cli", "train one agent configuration (seeds vmapped)"),
     ("scaling_rl.sweep.cli", "run / inspect / collect sweeps"),
     ("scaling_rl.scaling.cli", "fit scaling laws and plot them"),
     ("scaling_rl.llm.cli", "GRPO experiments on transformers models"),

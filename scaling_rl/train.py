@@ -13,20 +13,17 @@ state with orbax. A run directory holds:
 
 Rerunning with the same directory and config resumes from the newest checkpoint; on CPU the
 result is bitwise identical to an uninterrupted run. Everything is validated before anything
-is written.
+is written. The agent registry and configs are `agent_config` (re-exported here); the `scaling-rl
+train` command is `train_cli`.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import difflib
-import importlib
 import json
 import math
 import os
 import platform
-import sys
 import time
 import types
 import typing
@@ -37,6 +34,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from scaling_rl import io, program_cache
+from scaling_rl.agent_config import (  # noqa: F401 (re-exported: the agent registry and configs)
+    ConfigError, _config_dict, _field_types, _one_line, agent_module, known_agents, make_config, parse_value)
 from scaling_rl.eval_schedule import EVAL_SCHEDULES, eval_chunks, eval_schedule_error  # noqa: F401 (re-exported)
 
 # Columns that depend on the machine and load, not on the computation (excluded from resume checks).
@@ -51,144 +50,6 @@ class Diverged(RuntimeError):
     def __init__(self, step: int, message: str = ""):
         self.step = int(step)
         super().__init__(message or f"diverged at env step {self.step}")
-
-
-class ConfigError(ValueError):
-    """Bad run configuration, detected before anything was written."""
-
-
-# --------------------------------------------------------------------------------------------
-# Agents and configs
-
-
-def known_agents() -> list[str]:
-    """Names of the registered agents (`scaling_rl.agents.AGENTS`)."""
-    from scaling_rl import agents
-
-    return sorted(agents.AGENTS)
-
-
-def agent_module(name: str) -> types.ModuleType:
-    """The registered agent `name`, or any importable module path containing a dot."""
-    from scaling_rl import agents
-
-    if name in agents.AGENTS:
-        mod = importlib.import_module(agents.AGENTS[name])
-    elif "." in name:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name and name.startswith(e.name):
-                raise ConfigError(f"agent: no module {name!r}; known agents: {', '.join(known_agents())}") from None
-            raise
-    else:
-        raise ConfigError(f"agent: unknown agent {name!r}; known agents: {', '.join(known_agents())}")
-    for attr in ("Config", "make"):
-        if not hasattr(mod, attr):
-            raise ConfigError(f"agent: module {mod.__name__} has no {attr}; not an agent")
-    return mod
-
-
-def _field_types(config_cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(config_cls)
-    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(config_cls)}
-
-
-_TRUE = {"1", "true", "yes", "on", "y", "t"}
-_FALSE = {"0", "false", "no", "off", "n", "f"}
-
-
-def parse_value(text: str, tp: Any) -> Any:
-    """Convert command-line text to a value of dataclass field type `tp` (ValueError if not)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return text
-    if origin in (typing.Union, types.UnionType):
-        if type(None) in args and text.strip().lower() in ("none", "null"):
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return parse_value(text, arg)
-            except ValueError as e:
-                errors.append(str(e))
-        raise ValueError("; ".join(errors))
-    if origin is typing.Literal:
-        for choice in args:
-            try:
-                if parse_value(text, type(choice)) == choice:
-                    return choice
-            except ValueError:
-                pass
-        raise ValueError(f"{text!r} is not one of {', '.join(map(repr, args))}")
-    if origin in (tuple, list):
-        items = [t for t in text.split(",") if t.strip()] if text.strip() else []
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(items) != len(args):
-                raise ValueError(f"{text!r}: expected {len(args)} comma-separated values")
-            return tuple(parse_value(t, a) for t, a in zip(items, args))
-        values = [parse_value(t, args[0] if args else Any) for t in items]
-        return tuple(values) if origin is tuple else values
-    if tp is bool:
-        low = text.strip().lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        raise ValueError(f"{text!r} is not a boolean (true/false)")
-    if tp is int:
-        try:
-            return int(text)
-        except ValueError:
-            value = float(text)  # allow 1e6
-            if not value.is_integer():
-                raise ValueError(f"{text!r} is not an integer") from None
-            return int(value)
-    if tp is float:
-        return float(text)
-    if tp is str:
-        return text
-    if isinstance(tp, type):
-        return tp(text)
-    return text
-
-
-def make_config(agent_name: str, overrides: Mapping[str, Any]) -> Any:
-    """The agent's Config with `overrides` applied: string values are parsed by the field's
-    type, other values are used as given. Raises ConfigError (one line) on any problem."""
-    mod = agent_module(agent_name)
-    config_cls = mod.Config
-    types_ = _field_types(config_cls)
-    values: dict[str, Any] = {}
-    for key, raw in overrides.items():
-        key = key.replace("-", "_")
-        if key not in types_:
-            close = difflib.get_close_matches(key, list(types_), n=3)
-            hint = f"did you mean {', '.join(close)}?" if close else f"fields: {', '.join(types_)}"
-            raise ConfigError(f"{key}: not a field of {agent_name}.Config; {hint}")
-        if isinstance(raw, str):
-            try:
-                raw = parse_value(raw, types_[key])
-            except (ValueError, TypeError) as e:
-                raise ConfigError(f"{key}: {e}") from None
-        values[key] = raw
-    try:
-        return config_cls(**values)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(_one_line(e)) from None
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
-def _config_dict(cfg: Any) -> dict:
-    """JSON-normalised dict of a config (tuples become lists, so it compares with config.json)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str))
 
 
 def _versions() -> dict[str, str]:
@@ -539,6 +400,17 @@ def seed_keys(seed, seeds: int):
     return jax.numpy.stack(keys)
 
 
+class _HostChunk:
+    """An agent's host-driven chunk (`Agent.host_chunk`) where a compiled chunk program would be."""
+    status = "host"
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, state):
+        return self.fn(state)
+
+
 class _Programs:
     """A run's jitted programs (init, chunk, eval; seed-vmapped), each prepared once, through the
     program cache when the agent allows it. `built` holds them in the order they were prepared."""
@@ -583,6 +455,10 @@ class _Programs:
     def compile_chunk(self, state):
         """The chunk program for states like `state` (donated), compiled now."""
         import jax
+
+        if getattr(self.agent, "host_chunk", None) is not None:   # several programs dispatched from the host per chunk
+            self.built["chunk"] = _HostChunk(self.agent.host_chunk)
+            return self.built["chunk"]
 
         def chunk_one(state):
             state, metrics = self.agent.chunk(state)
@@ -842,161 +718,3 @@ def load_state(out_dir: str | os.PathLike, step: int | None = None):
         return ckpt.restore(step, abstract)
     finally:
         ckpt.close()
-
-
-# --------------------------------------------------------------------------------------------
-# CLI
-
-_FLAG_FIELDS = (("env", "env"), ("width", "width"), ("depth", "depth"), ("utd", "utd"),
-                ("batch_size", "batch_size"), ("lr", "lr"), ("env_steps", "env_steps"),
-                ("eval_schedule", "eval_schedule"), ("eval_points", "eval_points"))
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse prints usage as well by default)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
-def register(subparsers) -> None:
-    """Add `scaling-rl train`."""
-    p = subparsers.add_parser(
-        "train", help="train one agent configuration (seeds vmapped), resumable",
-        description="Train N seeds of one agent config in one compiled program; writes config.json, "
-                    "metrics.parquet, checkpoints/, curve.png, status.json into --out. Rerun the same "
-                    "command to resume.")
-    p.error = types.MethodType(_OneLineParser.error, p)
-    p.add_argument("--agent", required=True, help="agent name (scaling_rl.agents.<name>)")
-    p.add_argument("--env", help="environment, e.g. gymnax/Pendulum-v1")
-    p.add_argument("--width", help="backbone width")
-    p.add_argument("--depth", help="backbone depth")
-    p.add_argument("--utd", help="update-to-data ratio (gradient steps per env step)")
-    p.add_argument("--batch-size", dest="batch_size", help="minibatch size")
-    p.add_argument("--lr", help="learning rate")
-    p.add_argument("--env-steps", dest="env_steps", help="env steps per seed")
-    p.add_argument("--seeds", type=int, default=1, help="number of seeds (vmapped), default 1")
-    p.add_argument("--seed", type=int, default=0, help="root seed, default 0")
-    p.add_argument("--out", required=True, help="run directory (resumed when it exists)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other Config field, typed by the field (repeatable)")
-    p.add_argument("--checkpoint-every", type=int, default=1, help="chunks between checkpoints")
-    p.add_argument("--eval-every", type=int, default=1,
-                   help="chunks between evaluations (eval_schedule linear)")
-    p.add_argument("--eval-schedule", dest="eval_schedule",
-                   help="linear (every --eval-every chunks, the default) or log (--eval-points "
-                        "chunks, log-spaced in env steps; the last chunk always)")
-    p.add_argument("--eval-points", dest="eval_points", help="evaluations of the log schedule (default 16)")
-    p.add_argument("--wandb", action="store_true", help="log to wandb (offline unless WANDB_MODE=online)")
-    p.add_argument("--wandb-project", default=None, help="wandb project (default scaling_rl)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--processes", type=int, default=1,
-                   help="run the trial as N JAX processes on this machine (coordinator on localhost, "
-                        "gloo collectives on CPU); needs --set data_parallel=true. Under `srun -n N` "
-                        "the processes come from Slurm instead (scaling_rl/multiprocess.py)")
-    p.set_defaults(func=_main, parser=p)
-
-
-def _argv(args: argparse.Namespace) -> list[str]:
-    """The `train` command line that `args` was parsed from (for the processes `launch` starts)."""
-    argv = ["train"]
-    for action in args.parser._actions:
-        if not action.option_strings or action.dest in ("help", "func", "parser"):
-            continue
-        value, flag = getattr(args, action.dest, None), action.option_strings[0]
-        if isinstance(action, argparse._StoreTrueAction):
-            argv += [flag] if value else []
-        elif isinstance(action, argparse._AppendAction):
-            for item in value or ():
-                argv += [flag, str(item)]
-        elif value is not None and value != action.default:
-            argv += [flag, str(value)]
-    return argv
-
-
-def _mark_failed(out: Path, error: str) -> None:
-    """After a multi-process trial failed: a status.json its processes left at `running` (process 0
-    killed before it could write `failed`) says `failed`, so no reader takes the run for live."""
-    path = out / "status.json"
-    try:
-        status = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
-    if status.get("status") == "running":
-        io.atomic_write_json(path, {**status, "status": "failed", "error": error})
-
-
-def _main(args: argparse.Namespace) -> int:
-    from scaling_rl.errors import UsageError
-
-    overrides: dict[str, Any] = {}
-    for flag, field in _FLAG_FIELDS:
-        value = getattr(args, flag)
-        if value is not None:
-            overrides[field] = value
-    for item in args.overrides:
-        if "=" not in item:
-            raise UsageError(f"--set {item}: expected KEY=VALUE")
-        key, value = item.split("=", 1)
-        key = key.strip().replace("-", "_")
-        if key in overrides:
-            raise UsageError(f"--set {key}: given twice")
-        overrides[key] = value
-    from scaling_rl import multiprocess
-
-    joined = multiprocess.requested_processes()   # > 1: one of several processes (launched or srun)
-    if args.processes < 1:
-        raise UsageError(f"--processes: must be >= 1, got {args.processes}")
-    if joined > 1 and args.processes not in (1, joined):
-        raise UsageError(f"--processes {args.processes}: this process is one of {joined} "
-                         "(srun -n / the launcher); drop --processes or make them agree")
-    n_processes = max(joined, args.processes)
-    if joined > 1:   # before anything (agent modules included) touches a JAX device
-        try:
-            multiprocess.initialize()
-        except Exception as e:  # noqa: BLE001 - e.g. the coordinator never came up
-            print(f"scaling-rl: error: process could not join the others: {_one_line(e)}", file=sys.stderr)
-            return 1
-    if n_processes > 1:
-        try:
-            cfg = make_config(args.agent, overrides)
-        except ConfigError as e:
-            raise UsageError(str(e)) from None
-        if not getattr(cfg, "data_parallel", False):
-            raise UsageError(f"--processes {n_processes}: the learner must span the processes; "
-                             "add --set data_parallel=true")
-        if joined == 1:   # start the processes: each reruns this command as one of them
-            code = multiprocess.launch(_argv(args), n_processes)
-            if code:
-                _mark_failed(Path(args.out), f"process failure (exit code {code}); see stderr")
-            return code
-    wandb_opts: bool | dict = False
-    if args.wandb:
-        wandb_opts = {"project": args.wandb_project} if args.wandb_project else True
-    try:
-        cfg = make_config(args.agent, overrides)
-        df = run(args.agent, cfg, args.out, args.seeds, seed=args.seed, wandb=wandb_opts,
-                 progress=not args.no_progress, checkpoint_every=args.checkpoint_every,
-                 eval_every=args.eval_every)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
-    except Diverged as e:
-        print(f"scaling-rl: {e}; metrics so far in {args.out}", file=sys.stderr)
-        return 3
-    except Exception as e:  # noqa: BLE001
-        if n_processes == 1:
-            raise
-        # a peer died (its collectives or heartbeat fail here) or a shared error: one line, non-zero
-        import jax
-
-        print(f"scaling-rl: error: process {jax.process_index()} of {n_processes}: "
-              f"{type(e).__name__}: {_one_line(e)}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        # exit now: JAX's shutdown barrier at interpreter exit would wait for the dead peer and abort
-        os._exit(1)
-    if not multiprocess.is_primary():
-        return 0
-    summary = json.loads((Path(args.out) / "status.json").read_text()).get("summary", {})
-    shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in summary.items()}
-    print(f"done: {args.out}  " + "  ".join(f"{k}={v}" for k, v in shown.items()))
-    del df
-    return 0

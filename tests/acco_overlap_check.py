@@ -10,9 +10,11 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import json  # noqa: E402
+import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from scaling_rl import acco, parallel, tiny_lm, zero  # noqa: E402
@@ -24,7 +26,8 @@ COUNTS = [[(2, 1), (1, 2)], [(1, 3), (2, 1)], [(3, 1), (1, 1)]]
 
 
 def max_diff(a, b) -> float:
-    return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    a, b = jax.device_get((a, b))
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def collectives(text: str) -> list[str]:
@@ -130,7 +133,62 @@ def main():
     eq.close()
     z.close()
     d.close()
+    t0 = time.perf_counter()
+    out["crl"] = crl_training()
+    out["crl_seconds"] = time.perf_counter() - t0
     print(json.dumps(out))
+
+
+def crl_training() -> dict:
+    """5. The training path: CRL with overlap=true (host-driven chunks on OverlappedAcco)."""
+    import dataclasses
+    import tempfile
+
+    import pandas as pd
+
+    from scaling_rl import train
+    from scaling_rl.agents import crl
+
+    cfg = crl.Config(env="point_maze/open", num_envs=4, env_steps=64 + 2 * 64, learning_starts=64,
+                     chunk_env_steps=64, utd=0.125, batch_size=16, width=16, depth=4, actor_width=8, actor_depth=4,
+                     repr_dim=8, buffer_size=256, eval_episodes=1, episode_length=64, data_parallel=True,
+                     zero_optimizer=True)
+    r = {}
+    # (a) ZeRO-1 run from the host with one micro-batch per device == the jitted ZeRO-1 chunk
+    jitted = crl.make(cfg)
+    host = crl.make(dataclasses.replace(cfg, overlap=True, overlap_micro=1))
+    state = jax.jit(jitted.init)(jax.random.PRNGKey(3))
+    a, chunk = state, jax.jit(jitted.chunk)
+    b = jax.jit(lambda t: jax.tree.map(lambda x: x[None], t))(state)   # one seed, stacked
+    for _ in range(2):
+        a, ma = chunk(a)
+        b, mb = host.host_chunk(b)
+    a, b, state = jax.device_get((a, b, state))
+    b1 = jax.tree.map(lambda x: x[0], b)
+    r["host_vs_jitted_params"] = max_diff(a.learner.params, b1.learner.params)
+    r["host_vs_jitted_loss"] = abs(float(ma["loss/critic"]) - float(mb["loss/critic"][0]))
+    r["params_change"] = max_diff(a.learner.params, state.learner.params)
+    r["grad_steps"] = [int(a.grad_steps), int(b1.grad_steps)]
+    # the state keeps the init's layout (what a checkpoint restores into)
+    r["same_layout"] = jax.tree.structure(b1) == jax.tree.structure(state) and all(
+        x.shape == y.shape and x.dtype == y.dtype for x, y in zip(jax.tree.leaves(b1), jax.tree.leaves(state)))
+    try:
+        host.chunk(state)
+    except ValueError as e:
+        r["chunk_error"] = str(e)
+    # (b) ACCO through train.run with a straggler: device 1 10x slower, a 20 ms link per round, at most
+    # 6 micro-batches per device and round
+    with tempfile.TemporaryDirectory() as tmp:
+        acfg = dataclasses.replace(cfg, overlap=True, acco="acco", overlap_slowdown=10.0, overlap_latency_ms=20.0,
+                                   overlap_max_micro=6)   # 2 chunks: the pending sums cross a chunk boundary
+        df = train.run("crl", acfg, tmp, seeds=1, progress=False)
+        status = json.loads(pd.io.common.Path(tmp, "status.json").read_text())
+    r["status"] = status["status"]
+    r["program_status"] = status["summary"]["program_cache"].get("chunk")
+    r["micro_batches"] = [[float(x) for x in df[f"micro_batches/d{d}"]] for d in range(N)]
+    r["finite"] = bool(np.isfinite(df["loss/critic"]).all())
+    r["acco_grad_steps"] = [int(x) for x in df["grad_steps"]]
+    return r
 
 
 if __name__ == "__main__":

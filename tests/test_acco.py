@@ -108,3 +108,36 @@ def test_overlapped_acco_bad_input_is_a_one_line_error():
         acco.OverlappedAcco(lambda p, b, e: (0.0, {}), zero.ShardedOptimizer(optax.sgd(0.1), 2), mesh)
     with pytest.raises(ValueError, match="^slowdown: one factor >= 1 per device"):
         acco.OverlappedAcco(lambda p, b, e: (0.0, {}), opt, mesh, slowdown=(0.5,))
+
+
+def test_crl_training_path_runs_on_the_overlapped_learner(overlapped):
+    r = overlapped["crl"]
+    # ZeRO-1 from the host, one micro-batch per device, is the jitted ZeRO-1 chunk (same batches, same keys)
+    assert r["params_change"] > 1e-3, r
+    assert r["host_vs_jitted_params"] <= 1e-6 and r["host_vs_jitted_loss"] <= 1e-5, r
+    assert r["grad_steps"] == [16, 16]
+    assert r["same_layout"]                      # what a checkpoint restores into
+    assert r["chunk_error"].startswith("overlap: the overlapped learner runs its chunks from the host")
+    # ACCO through train.run, two chunks (pending sums carried across the boundary), device 1 10x slower:
+    # the fast device accumulates up to the cap while the slow one does about one micro-batch a round
+    assert r["status"] == "done" and r["program_status"] == "host" and r["finite"], r
+    assert r["acco_grad_steps"] == [8, 16]
+    fast, slow = r["micro_batches"]
+    for f, s in zip(fast, slow):
+        assert 2 <= s < f <= 12 and f >= 2 * s, r
+
+
+def test_crl_overlap_bad_input_is_a_one_line_error():
+    from scaling_rl.agents import crl
+    with pytest.raises(ValueError, match="^overlap: acco='dpu' runs only inside the jitted chunk"):
+        crl.Config(overlap=True, acco="dpu", zero_optimizer=True)
+    with pytest.raises(ValueError, match="^overlap: each device's micro-batches"):
+        crl.Config(overlap=True, global_negatives=True)
+    with pytest.raises(ValueError, match="^overlap_slowdown: must be a finite number >= 1"):
+        crl.Config(overlap_slowdown=0.5)
+    with pytest.raises(ValueError, match="^overlap_micro: must be an integer >= 1"):
+        crl.Config(overlap_micro=0)
+    with pytest.raises(ValueError, match="^overlap: needs a data mesh"):
+        crl.make(crl.Config(env="point_maze/open", num_envs=4, env_steps=128, learning_starts=64, chunk_env_steps=64,
+                            batch_size=16, width=16, depth=4, actor_width=8, actor_depth=4, repr_dim=8,
+                            buffer_size=256, eval_episodes=1, overlap=True))

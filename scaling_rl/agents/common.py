@@ -475,6 +475,9 @@ class Agent(NamedTuple):
     # (state, {name: scalar}) -> state whose optimisers use those hyper-parameters (the agent
     # module's `PACKABLE` names; values from its `hparams(cfg)`); None: nothing is packable
     set_hparams: Callable | None = None
+    # (seed-stacked state) -> (state, metrics): a chunk run from the host instead of `chunk` (which
+    # then raises): a learner whose update is several programs dispatched by the host (crl overlap=true)
+    host_chunk: Callable | None = None
 
 
 def _transition(obs, action, ts) -> dict:

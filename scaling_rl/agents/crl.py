@@ -43,6 +43,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from scaling_rl import acco
@@ -110,6 +111,14 @@ class Config:
     zero_optimizer: bool = False      # ZeRO-1: Adam moments sharded over the data mesh (scaling_rl/zero.py)
     acco: str = "off"                 # on ZeRO-1: off | ddp | dpu | acco (scaling_rl/acco.py learner_update)
     global_negatives: bool = False    # data parallel: InfoNCE negatives from the global batch (all-gather)
+    # host-driven updates on acco.OverlappedAcco (docs/acco.md): separate per-device compute and
+    # communication programs, the communication overlapped with the next micro-batches, micro-batch
+    # counts decided at run time. acco=acco: ACCO; zero_optimizer and acco off|ddp: ZeRO-1; else DDP
+    overlap: bool = False
+    overlap_micro: int = 2            # micro-batches per device and update (the batch splits into n x this)
+    overlap_max_micro: int = 0        # ACCO: at most this many per device and round (0: no cap)
+    overlap_slowdown: float = 1.0     # the mesh's last device computes this many times slower (a straggler)
+    overlap_latency_ms: float = 0.0   # simulated link latency added to each communication round
 
     def __post_init__(self):
         for key in ("num_envs", "env_steps", "chunk_env_steps", "batch_size", "width", "depth",
@@ -131,6 +140,7 @@ class Config:
                 raise ValueError(f"{key}: counts Dense layers of CRL blocks (4 per block), got {v}; "
                                  f"use {_depth_hint(v)}")
         acco.check_learner_mode(self.acco, self.zero_optimizer)
+        self._check_overlap()
         if self.energy not in ENERGIES:
             raise ValueError(f"energy: unknown {self.energy!r}; use one of {', '.join(ENERGIES)}")
         if self.contrastive_loss not in CONTRASTIVE_LOSSES:
@@ -189,6 +199,26 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def _check_overlap(self) -> None:
+        """The `overlap*` fields: one-line ValueErrors (the mesh-dependent checks are in `make`)."""
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"overlap: must be true or false, got {self.overlap!r}")
+        for key in ("overlap_micro", "overlap_max_micro"):
+            v = getattr(self, key)
+            if not _is_int(v) or v < (1 if key == "overlap_micro" else 0):
+                raise ValueError(f"{key}: must be an integer >= {1 if key == 'overlap_micro' else 0}, got {v!r}")
+        for key, low in (("overlap_slowdown", 1.0), ("overlap_latency_ms", 0.0)):
+            v = getattr(self, key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < low:
+                raise ValueError(f"{key}: must be a finite number >= {low:g}, got {v!r}")
+        if not self.overlap:
+            return
+        if self.acco == "dpu":
+            raise ValueError("overlap: acco='dpu' runs only inside the jitted chunk; use acco=acco, ddp or off")
+        if self.global_negatives:
+            raise ValueError("overlap: each device's micro-batches are computed on their own (no all-gather); "
+                             "set global_negatives=false")
 
 
 def encoder_backbone(cfg: Config) -> nets.BackboneConfig:
@@ -344,6 +374,13 @@ class TrainState:
     chunk: jax.Array          # int32
     ep_at_goal: jax.Array     # (E,) steps at goal in each env's current episode
     ep_any: jax.Array         # (E,) bool: touched the goal in the current episode
+
+
+def overlap_mode(cfg: Config) -> str:
+    """acco.OverlappedAcco's mode for an `overlap=true` config: acco, zero1 (ZeRO-1, acco off or ddp) or ddp."""
+    if cfg.acco == "acco":
+        return "acco"
+    return "zero1" if cfg.zero_optimizer else "ddp"
 
 
 def _goal_env(cfg: Config, num_envs: int):
@@ -509,6 +546,11 @@ def make(cfg: Config, mesh=None, *, encoder_cls=None, actor_cls=None) -> common.
 
     def chunk(state: TrainState) -> tuple[TrainState, dict]:
         state, (stats, aux) = jax.lax.scan(period, state, None, length=periods_per_chunk)
+        return chunk_metrics(state, stats, aux)
+
+    def chunk_metrics(state: TrainState, stats, aux) -> tuple[TrainState, dict]:
+        """The chunk's metrics from its periods' episode statistics (4 sums each) and the updates'
+        aux (leading axis: period or update); the state with its chunk counter advanced."""
         at_goal, any_, ret, n_done = (jnp.sum(x) for x in stats)
         episodes = jnp.maximum(n_done, 1)
         finished = n_done > 0
@@ -529,12 +571,116 @@ def make(cfg: Config, mesh=None, *, encoder_cls=None, actor_cls=None) -> common.
                                key)
 
     def set_hparams(state: TrainState, hp: dict) -> TrainState:
-        opt_state = common.set_hyperparams(state.learner.opt_state, learning_rate=hp["lr"])
+        opt_state = state.learner.opt_state
+        if acco_step:   # {"opt": the sharded optimiser state, "pending": ...}
+            opt_state = {**opt_state, "opt": common.set_hyperparams(opt_state["opt"], learning_rate=hp["lr"])}
+        else:
+            opt_state = common.set_hyperparams(opt_state, learning_rate=hp["lr"])
         return state.replace(learner=state.learner.replace(opt_state=opt_state))
+
+    host_chunk = None
+    if cfg.overlap:
+        host_chunk = _overlapped_chunk(cfg, mesh, loss_fn, sharded or zero.ShardedOptimizer(
+            optimizer, parallel.mesh_size(mesh) if mesh is not None else 1), policy_step, chunk_metrics,
+            sched.vector_steps, sched.updates * periods_per_chunk, periods_per_chunk, a_dim)
+
+        def chunk(state):  # noqa: F811 -- the overlapped learner has no jittable chunk
+            raise ValueError("overlap: the overlapped learner runs its chunks from the host "
+                             "(Agent.host_chunk; train.run does this); it has no jittable chunk")
 
     return common.Agent(init=init, chunk=chunk, evaluate=evaluate, num_chunks=cfg.num_chunks,
                         param_count=int(encoder_params), update=update, env_spec=spec,
-                        set_hparams=set_hparams)
+                        set_hparams=set_hparams, host_chunk=host_chunk)
+
+
+def _overlapped_chunk(cfg: Config, mesh, loss_fn, opts: zero.ShardedOptimizer, policy_step, chunk_metrics,
+                      vector_steps: int, updates: int, periods: int, a_dim: int):
+    """`host_chunk(states) -> (states, metrics)` for `overlap=true`: seed-stacked train states (one
+    device, as `init` makes them) in and out, each seed's chunk run from the host: per period one
+    jitted act program (vector_steps env steps), then its updates on `acco.OverlappedAcco` — per
+    device `accumulate` programs fed micro-batches of batch_size / (devices x overlap_micro) rows
+    sampled from the buffer, one `communicate` program per round, dispatched asynchronously. The
+    learner state is kept between chunks in the jitted learner's layout (checkpointed as usual).
+    Metrics: the jitted chunk's, plus `micro_batches/d<i>` (per update, device i, mean over the chunk)."""
+    from scaling_rl import multiprocess
+
+    if mesh is None:
+        raise ValueError("overlap: needs a data mesh; set data_parallel=true or pass mesh=")
+    if multiprocess.process_count() > 1:
+        raise ValueError("overlap: the host-driven learner runs in one process (its devices addressable)")
+    n = parallel.mesh_size(mesh)
+    if cfg.batch_size % (n * cfg.overlap_micro):
+        raise ValueError(f"batch_size: {cfg.batch_size} does not split into {n} devices x overlap_micro="
+                         f"{cfg.overlap_micro} micro-batches; use {_round_up(cfg.batch_size, n * cfg.overlap_micro)}")
+    size = cfg.batch_size // (n * cfg.overlap_micro)
+    if size < 2:
+        raise ValueError(f"overlap_micro: micro-batches of {size} row leave no InfoNCE negatives; use a larger "
+                         f"batch_size or overlap_micro <= {cfg.batch_size // (2 * n)}")
+    learner = acco.OverlappedAcco(
+        loss_fn, opts, mesh, overlap_mode(cfg), micro=cfg.overlap_micro, min_micro=max(1, cfg.overlap_micro // 2),
+        max_micro=cfg.overlap_max_micro or None, slowdown=(1.0,) * (n - 1) + (float(cfg.overlap_slowdown),),
+        latency_s=cfg.overlap_latency_ms / 1e3)
+    fused_pending = cfg.acco != "off"   # the jitted learner's layout: {"opt": ..., "pending": ...}
+
+    @jax.jit
+    def sample(buf, k_batch, k_noise, j, d):
+        """Device d's rows of the update's j-th global micro-batch (n x size rows; j = 0 draws with the
+        update's own keys, as the jitted chunk draws its batch: so overlap_micro=1 on ZeRO-1 is the
+        jitted ZeRO-1 update, tests/acco_overlap_check.py)."""
+        k_batch, k_noise = (jnp.where(j == 0, k, jax.random.fold_in(k, j)) for k in (k_batch, k_noise))
+        now, fut, _ = goal_replay.sample(buf, k_batch, n * size, cfg.gamma)
+        rows = {"state": now["state"], "action": now["action"], "goal": fut["achieved"],
+                "noise": jax.random.normal(k_noise, (n * size, a_dim))}
+        return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, d * size, size), rows)
+
+    @jax.jit
+    def act(state: TrainState, actor):
+        state = state.replace(learner=Learner({"actor": actor}, None))
+        state, stats = jax.lax.scan(policy_step, state, None, length=vector_steps)
+        return state.replace(learner=None), jax.tree.map(jnp.sum, stats)
+
+    finish = jax.jit(chunk_metrics)
+    device = learner.devices[0]
+
+    def one_seed(state: TrainState):
+        opt, pending = state.learner.opt_state, None
+        if fused_pending:
+            opt, pending = opt["opt"], opt["pending"]
+        rest = state.replace(learner=None)
+        key0 = jax.random.PRNGKey(0)
+        ostate = learner.from_learner(state.learner.params, opt, pending, sample(rest.buffer, key0, key0, 0, 0))
+        stats, aux, counts = [], [], []
+        for _ in range(periods):
+            rest, s = act(rest, jax.device_put(ostate.params["actor"], device))
+            stats.append(s)
+            for _ in range(updates // periods):
+                rng, k_batch, k_noise = jax.random.split(rest.rng, 3)   # as the jitted grad_step
+                rest = rest.replace(rng=rng)
+
+                def source(d, i, keys=(k_batch, k_noise), buf=rest.buffer):
+                    return sample(buf, *keys, i, d)
+                ostate, _, a = learner.update(ostate, source)
+                aux.append(a)
+                counts.append(np.sum(learner.last_counts, axis=0))
+        params, opt, pending = learner.to_learner(ostate, device)
+        rest = rest.replace(grad_steps=rest.grad_steps + updates)
+        state = rest.replace(learner=Learner(params, {"opt": opt, "pending": pending} if fused_pending else opt))
+        state, metrics = finish(state, jax.tree.map(lambda *x: jnp.stack(x), *stats),
+                                {k: jnp.asarray(np.stack([a[k] for a in aux])) for k in aux[0]})
+        metrics = dict(metrics)
+        for d, c in enumerate(np.mean(counts, axis=0)):
+            metrics[f"micro_batches/d{d}"] = jnp.asarray(c, jnp.float32)
+        return state, metrics
+
+    # seed split and stack as one program each (eager per-leaf indexing compiles once per leaf shape)
+    unstack = jax.jit(lambda t: [jax.tree.map(lambda x: x[i], t) for i in range(jax.tree.leaves(t)[0].shape[0])])
+    stack = jax.jit(lambda ts: jax.tree.map(lambda *xs: jnp.stack(xs), *ts))
+
+    def host_chunk(states: TrainState):
+        outs = [one_seed(s) for s in unstack(states)]
+        return stack([o[0] for o in outs]), stack([o[1] for o in outs])
+
+    return host_chunk
 
 
 # Config fields that live in the optimiser state (see sac.PACKABLE).

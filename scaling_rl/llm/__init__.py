@@ -2,8 +2,8 @@
 
 Modules: `models` (tiny offline policies, char tokenizer), `tasks` (addition, countdown),
 `rollout` (sampling, log-probs, scoring), `objectives` (GRPO math in JAX), `greso` (selective
-rollouts), `passk` (unbiased pass@k), `trainer` (`run(config, out_dir)`), `dpo` (DPO trainer), `sams`
-(DPO batch schedulers), `cli`.
+rollouts), `passk` (unbiased pass@k), `trainer` (`run(config, out_dir)`), `grpo_config` (`GRPOConfig`),
+`warm_start` (the SFT before RL), `dpo` (DPO trainer), `sams` (DPO batch schedulers), `cli`.
 Kept import-light: nothing here imports torch until a submodule is used.
 """
 import os as _os

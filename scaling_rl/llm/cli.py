@@ -100,7 +100,7 @@ def _config_and_run(args, config_cls, run):
 def cmd_grpo(args) -> int:
     check_run_dir(args.out, "grpo")   # before torch / transformers are imported
     from scaling_rl.llm.grpo_run import run
-    from scaling_rl.llm.trainer import GRPOConfig
+    from scaling_rl.llm.grpo_config import GRPOConfig
     _, df = _config_and_run(args, GRPOConfig, run)
     rewards = df["reward"].dropna() if "reward" in df else []
     acc = df["eval/accuracy"].dropna()

@@ -18,7 +18,7 @@ Preference data (`preference_pairs`) is made from a verifiable task (2-digit add
 correct answer, rejected = a wrong answer of the same format (the sum with one digit changed), and a
 known fraction `noise` of the training pairs has its labels flipped (held-out pairs never are).
 
-One run = SFT warm start (`trainer.sft`, a weak start so DPO has room; or `init_from` a saved
+One run = SFT warm start (`warm_start.sft`, a weak start so DPO has room; or `init_from` a saved
 policy) -> `base_model/` (also the frozen reference) -> `steps` DPO updates. Each step the
 scheduler receives a candidate batch of `batch_size * candidates` pairs drawn uniformly from the
 training pool, scored by one no-grad policy + reference forward (per-pair loss, margin, log-probs
@@ -226,7 +226,7 @@ class DPOConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DPOConfig":
-        from scaling_rl.llm.trainer import config_from_dict
+        from scaling_rl.llm.grpo_config import config_from_dict
         return config_from_dict(cls, d, "DPO")
 
 
@@ -268,7 +268,7 @@ class DPOTrainer:
         import torch
 
         from scaling_rl.llm.tasks import AdditionTask
-        from scaling_rl.llm.trainer import resolve_device
+        from scaling_rl.llm.grpo_config import resolve_device
         self.cfg = config
         self.out = Path(out_dir) if out_dir is not None else None
         self.device = resolve_device(config.device)
@@ -290,7 +290,7 @@ class DPOTrainer:
 
         from scaling_rl.llm import sams
         from scaling_rl.llm.models import load_policy, save_policy
-        from scaling_rl.llm.trainer import sft
+        from scaling_rl.llm.warm_start import sft
         torch, cfg = self._torch, self.cfg
         torch.manual_seed(cfg.seed)
         model, tok = load_policy(cfg.init_from or cfg.model, hidden_size=cfg.hidden_size,
@@ -309,7 +309,7 @@ class DPOTrainer:
 
     def _encode(self, pairs: list[Pair]):
         from scaling_rl.llm import rollout
-        from scaling_rl.llm.trainer import _completion_tensors
+        from scaling_rl.llm.warm_start import _completion_tensors
         p_ids, p_mask = rollout.encode_prompts(self.tokenizer, [p.prompt for p in pairs], False,
                                                self.device)
         c_ids, c_mask = _completion_tensors(self.tokenizer, [p.chosen for p in pairs], self.width,

@@ -58,7 +58,7 @@ class Diverged(RuntimeError):
 
 
 def _config_cls():
-    from scaling_rl.llm.trainer import GRPOConfig
+    from scaling_rl.llm.grpo_config import GRPOConfig
     return GRPOConfig
 
 

@@ -11,6 +11,9 @@ which a sweep engine owns when this runs as a trial), `metrics.parquet` (one row
 is the base policy), `base_model/` and `checkpoints/step_XXXXXX/`. Rerunning with the same
 directory resumes from the last checkpoint and gives the same numbers on CPU; raising `steps`
 extends a finished run, any other config change is refused.
+
+This module is the run: checkpoint-directory helpers, `GRPOTrainer` and `run`. The config and its checks
+live in `grpo_config`, the SFT warm start in `warm_start`; their names are importable from here too.
 """
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import math
 import os
 import shutil
 import time
@@ -34,272 +36,14 @@ from scaling_rl import io as sio
 from scaling_rl.bridge import to_jax, to_torch, torch_op
 from scaling_rl.llm import objectives, rollout
 from scaling_rl.llm.greso import GresoConfig, SelectiveRollout
+from scaling_rl.llm.grpo_config import GRPOConfig, _is_device, config_from_dict, resolve_device  # noqa: F401
 from scaling_rl.llm.models import load_policy, save_policy
 from scaling_rl.llm.tasks import make_task
+from scaling_rl.llm.warm_start import _completion_tensors, sft, sft_loop  # noqa: F401
 
 EVAL_SEED = 1234  # the held-out evaluation problems do not depend on the run seed
 # per-step columns measured with clocks: they differ between two runs of the same config (drop them to compare)
 TIMING_COLUMNS = ("tokens_per_s", "generation_s", "step_s", "publish_s", "generation_cpu_s", "step_cpu_s")
-
-
-def config_from_dict(cls, d: dict[str, Any], what: str):
-    """`cls(**d)` for a flat config dataclass, each value converted to its field default's type;
-    a one-line ValueError for an unknown key or a value of the wrong type (shared by GRPO and DPO)."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - set(fields))
-    if unknown:
-        raise ValueError(f"{unknown[0]}: unknown {what} config key; known keys: {', '.join(fields)}")
-    out = {}
-    for k, v in d.items():
-        typ = type(fields[k].default)
-        if typ is bool and not isinstance(v, bool):
-            raise ValueError(f"{k}: {v!r} is not a boolean; use true or false")
-        if typ is int and isinstance(v, float) and v != int(v):
-            raise ValueError(f"{k}: {v!r} is not an integer")
-        try:
-            out[k] = typ(v) if not isinstance(v, typ) else v
-        except (TypeError, ValueError):
-            raise ValueError(f"{k}: {v!r} is not a {typ.__name__}") from None
-    return cls(**out)
-
-
-@dataclasses.dataclass(frozen=True)
-class GRPOConfig:
-    # policy
-    model: str = "tiny"               # "tiny", "tiny:llama", or a local path / hub id
-    hidden_size: int = 64             # tiny models only
-    num_layers: int = 2
-    num_heads: int = 4
-    init_from: str = ""               # saved policy directory to start from (skips SFT)
-    # task
-    task: str = "addition"            # "addition" | "countdown" | "jsonl" | a registered plug-in
-    dataset: str = ""                 # task=jsonl: JSONL file of {"prompt", "answer", ...}
-    reward: str = ""                  # a registered reward name replacing the task's own
-    chat_template: bool = True        # wrap prompts in the tokenizer's chat template if it has one
-    digits: int = 2
-    countdown_numbers: int = 3
-    format_reward: float = 0.0
-    train_pool: int = 2048            # training problems (one epoch = one pass over them)
-    eval_problems: int = 200
-    eval_samples: int = 0             # > 0: also sampled pass@1 with this many samples/problem
-    # SFT warm start (before GRPO; gives the base model a non-zero pass@1)
-    sft_steps: int = -1               # -1: 400 on the tiny built-in models, 0 (off) on pretrained
-                                      # weights; > 0 runs SFT on any model (never with init_from)
-    sft_batch_size: int = 64
-    sft_lr: float = 1e-2
-    sft_target_accuracy: float = 0.0  # stop SFT once greedy train accuracy reaches this (0: off)
-    # GRPO
-    steps: int = 40
-    prompts_per_step: int = 16
-    group_size: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_completion_length: int = 0    # tokens; 0: the task's longest answer + EOS (tiny models'
-                                      # one-token-per-character tokenizer only)
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    beta: float = 0.0                 # KL weight; 0 skips the reference model
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2         # > epsilon_low is DAPO's clip-higher
-    num_iterations: int = 1           # μ: updates per generation batch (old log-probs stored)
-    num_minibatches: int = 1
-    loss_type: str = "grpo"           # grpo | dr_grpo | dapo | bnpo
-    scale_rewards: str = "group"      # group | batch | none
-    # rollouts
-    dynamic_sampling: bool = False    # drop zero-variance groups and resample (DAPO)
-    max_sampling_rounds: int = 4
-    selective_rollouts: bool = False  # GRESO pre-rollout filter
-    greso_target: float = 0.25
-    greso_step: float = 0.01
-    # rollout layer (scaling_rl.llm.sources) and off-policy objectives
-    rollout: str = "sync"             # sync | async (AReaL) | pipeline (PipelineRL) | tba | ray | hogwild
-    objective: str = "grpo"           # grpo | decoupled_ppo (AReaL) | tis (PipelineRL) | vargrad (TBA)
-    max_staleness: int = 1            # η: generation runs at most η policy versions ahead
-    is_cap: float = 5.0               # decoupled_ppo: drop tokens with π_prox/π_behav above it;
-                                      # tis: truncation c of π_θ/π_behav (<= 0: no cap)
-    tb_beta: float = 0.5              # vargrad: rewards enter as r / tb_beta
-    searchers: int = 2                # tba / ray: K generation workers (searchers, actors)
-    sync_every: int = 1               # tba: searchers receive weights every this many steps
-    replay_capacity: int = 256        # tba: groups kept in the replay buffer
-    replay_reward_fraction: float = 0.25  # tba: share of each batch drawn by reward (rest: recency)
-    replay_temperature: float = 0.1   # tba: reward-prioritised draw ∝ exp(mean group reward / T)
-    hogwild_workers: int = 0          # hogwild: workers sharing one cache (must divide G; 0: all G)
-    hogwild_layout: str = "contiguous"  # hogwild: contiguous | interleaved (scaling_rl.llm.hogwild)
-    hogwild_step_tokens: int = 8      # hogwild interleaved: tokens per step committed to the history
-    hogwild_prompt: bool = False      # hogwild: tell the workers they collaborate (prompt + headers)
-    # multimodal (scaling_rl.llm.video_grpo): "video" trains a frame encoder + LM on the long-video
-    # counting task (task is then ignored); the encoder is trained in SFT, frozen in GRPO
-    multimodal: str = ""              # "" | "video"
-    frames: int = 256                 # video: frames per video
-    frame_dim: int = 16               # video: pixels per frame
-    frame_encoder_hidden: int = 64    # video: the frame encoder MLP's hidden width
-    frames_per_token: int = 1         # video: consecutive frames encoded into one frame token
-    video_events: int = 4             # video: the answer (flash count) is in 1..video_events
-    # bookkeeping
-    eval_every: int = 10
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 2
-    seed: int = 0
-    torch_threads: int = 1            # tiny models run fastest single-threaded
-    device: str = "cpu"               # "cpu", "cuda", "cuda:1", ... or "auto" (cuda if available)
-    bf16: bool = False                # bfloat16 autocast for forward passes (weights stay float32)
-
-    def __post_init__(self):
-        def need(cond, key, what):
-            if not cond:
-                raise ValueError(f"{key}: {getattr(self, key)!r} {what}")
-        need(self.loss_type in objectives.LOSS_TYPES, "loss_type", f"is unknown; use one of {objectives.LOSS_TYPES}")
-        need(self.scale_rewards in objectives.SCALE_REWARDS, "scale_rewards",
-             f"is unknown; use one of {objectives.SCALE_REWARDS}")
-        from scaling_rl.llm import tasks as _tasks
-        need(self.task in _tasks.TASKS, "task", f"is unknown; use one of {sorted(_tasks.TASKS)}")
-        need(self.task != "jsonl" or self.dataset, "dataset", "is empty; task=jsonl needs a JSONL file")
-        need(not self.reward or self.reward in _tasks.REWARDS, "reward",
-             f"is not registered; known: {sorted(_tasks.REWARDS)}")
-        need(self.device == "auto" or _is_device(self.device), "device",
-             "is not a torch device; use cpu, cuda, cuda:<i> or auto")
-        need(self.sft_steps >= -1, "sft_steps", "must be >= 0 (or -1: the model's default)")
-        for key in ("steps", "max_completion_length", "weight_decay", "beta", "eval_samples",
-                    "epsilon_low", "epsilon_high", "format_reward", "seed"):
-            need(getattr(self, key) >= 0, key, "is negative; use a value >= 0")
-        for key in ("prompts_per_step", "num_iterations", "num_minibatches", "train_pool",
-                    "eval_problems", "sft_batch_size", "eval_every", "checkpoint_every",
-                    "keep_checkpoints", "max_sampling_rounds", "torch_threads", "hidden_size",
-                    "num_layers", "num_heads"):
-            need(getattr(self, key) >= 1, key, "must be >= 1")
-        need(self.group_size >= 2, "group_size", "must be >= 2 (advantages compare within a group)")
-        need(self.temperature > 0, "temperature", "must be > 0 for training (greedy samples have no "
-             "usable log-probs); evaluation is already greedy")
-        need(0 < self.top_p <= 1, "top_p", "is outside (0, 1]")
-        need(self.lr > 0 and self.sft_lr > 0, "lr", "must be > 0 (lr and sft_lr)")
-        need(self.epsilon_low < 1, "epsilon_low", "must be < 1")
-        from scaling_rl.llm import sources as _sources
-        need(self.rollout in _sources.SOURCES, "rollout", f"is unknown; use one of {_sources.SOURCES}")
-        need(self.objective in objectives.OBJECTIVES, "objective",
-             f"is unknown; use one of {objectives.OBJECTIVES}")
-        need(self.rollout == "sync" or not (self.selective_rollouts or self.dynamic_sampling),
-             "rollout", "cannot use selective_rollouts / dynamic_sampling (sync only); use rollout=sync")
-        for key in ("max_staleness", "searchers", "sync_every", "replay_capacity"):
-            need(getattr(self, key) >= 1, key, "must be >= 1")
-        need(self.tb_beta > 0 and self.replay_temperature > 0, "tb_beta",
-             "must be > 0 (tb_beta and replay_temperature)")
-        need(0 <= self.replay_reward_fraction <= 1, "replay_reward_fraction", "is outside [0, 1]")
-        need(self.is_cap <= 0 or self.is_cap >= 1, "is_cap", "must be >= 1 (or <= 0: no cap)")
-        need(self.rollout != "tba" or self.replay_capacity >= self.prompts_per_step, "replay_capacity",
-             "must hold at least prompts_per_step groups")
-        need(self.rollout != "ray" or self.prompts_per_step % self.searchers == 0, "searchers",
-             f"must divide prompts_per_step={self.prompts_per_step} for rollout=ray")
-        need(self.prompts_per_step * self.group_size % self.num_minibatches == 0, "num_minibatches",
-             "must divide prompts_per_step * group_size")
-        if self.multimodal:
-            from scaling_rl.llm.video_task import check_config as _check_video
-            _check_video(self)
-        if self.rollout == "hogwild":
-            from scaling_rl.llm.hogwild import check_config
-            check_config(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GRPOConfig":
-        return config_from_dict(cls, d, "GRPO")
-
-
-def _is_device(name: str) -> bool:
-    try:
-        torch.device(name)
-    except (RuntimeError, TypeError):
-        return False
-    return True
-
-
-def resolve_device(name: str) -> torch.device:
-    """torch.device for a config's `device`; a CUDA device without CUDA is a one-line error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {name!r} but torch.cuda.is_available() is False; use device=cpu")
-    return dev
-
-
-# ---- SFT warm start ----------------------------------------------------------------------------
-
-def _completion_tensors(tokenizer, texts: list[str], width: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded token ids of `text + EOS` and their mask."""
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    out = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for i, row in enumerate(ids):
-        row = (row + [tokenizer.eos_token_id])[:width]
-        out[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
-    return out.to(device), mask.to(device)
-
-
-def sft_loop(model, *, steps: int, lr: float, batch_loss, probe_accuracy, target_accuracy: float = 0.0,
-             check_every: int = 50, weight_decay: float = 0.0, log=None) -> dict:
-    """The warm-start loop every SFT here runs: AdamW (β 0.9/0.98), 20-step linear warm-up into a cosine
-    decay, gradient clipping at 1; `batch_loss()` draws a batch and returns its loss. Stops early once
-    `probe_accuracy()` (greedy, model in eval mode) reaches `target_accuracy`, checked every
-    `check_every` steps and at the last (0 disables). Returns {"loss", "steps", "probe_accuracy"}."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
-    loss_value, probe_acc, step = float("nan"), float("nan"), 0
-    for step in range(1, steps + 1):
-        rollout.set_training(model, True)
-        warm = min(1.0, step / 20)
-        for group in opt.param_groups:
-            group["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
-        loss = batch_loss()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss_value = float(loss.detach())
-        if target_accuracy > 0 and (step % check_every == 0 or step == steps):
-            rollout.set_training(model, False)
-            probe_acc = probe_accuracy()
-            if log:
-                log(f"sft step {step:5d}  loss {loss_value:.3f}  probe accuracy {probe_acc:.3f}")
-            if probe_acc >= target_accuracy:
-                break
-    rollout.set_training(model, False)
-    return {"loss": loss_value, "steps": step, "probe_accuracy": probe_acc}
-
-
-def sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed: int,
-        max_len: int, target_accuracy: float = 0.0, check_every: int = 50,
-        weight_decay: float = 0.0, log=None, chat_template: bool = False,
-        autocast=contextlib.nullcontext) -> dict:
-    """Teacher-forced cross-entropy on reference solutions of training problems (`sft_loop`).
-
-    Stops early once greedy accuracy on 200 training problems reaches `target_accuracy` (checked
-    every `check_every` steps; 0 disables), so the warm start lands at a chosen skill level rather
-    than at a step count (the carry in addition is learnt abruptly, at a seed-dependent step).
-    Returns {"loss", "steps", "probe_accuracy"}.
-    """
-    rng = np.random.default_rng(seed + 7919)
-    pool = task.problems("train", 100_000, seed=seed + 1)
-    probe = task.problems("train", 200, seed=seed + 2)
-
-    def batch_loss():
-        probs = [pool[int(i)] for i in rng.integers(len(pool), size=batch_size)]
-        device = next(model.parameters()).device
-        p_ids, p_mask = rollout.encode_prompts(tokenizer, [p.prompt for p in probs], chat_template,
-                                               device)
-        c_ids, c_mask = _completion_tensors(tokenizer, [task.solution(p) for p in probs], max_len,
-                                            device)
-        with autocast():
-            logp, _ = rollout.completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
-        return -(logp * c_mask).sum() / c_mask.sum()
-
-    def probe_accuracy():
-        with autocast():
-            return rollout.accuracy(model, tokenizer, task, probe, max_new_tokens=max_len,
-                                    chat_template=chat_template)
-
-    return sft_loop(model, steps=steps, lr=lr, batch_loss=batch_loss, probe_accuracy=probe_accuracy,
-                    target_accuracy=target_accuracy, check_every=check_every, weight_decay=weight_decay,
-                    log=log)
 
 
 # ---- checkpoint directory helpers --------------------------------------------------------------

@@ -19,8 +19,9 @@ import torch
 
 from scaling_rl.llm import rollout
 from scaling_rl.llm.multimodal import EmbeddingCache, sample_video, video_lm_from, video_logprobs
-from scaling_rl.llm.trainer import EVAL_SEED, GRPOTrainer, _completion_tensors, sft_loop
+from scaling_rl.llm.trainer import EVAL_SEED, GRPOTrainer
 from scaling_rl.llm.video_task import QUESTION, VideoCountTask
+from scaling_rl.llm.warm_start import _completion_tensors, sft_loop
 
 
 class VideoGRPOTrainer(GRPOTrainer):

@@ -34,7 +34,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from ..io import atomic_savefig  # noqa: E402
-from ..scaling.plots import MARKERS, STYLE, tidy_log_axes  # noqa: E402  (one house style)
+from ..scaling.plots_common import MARKERS, STYLE, tidy_log_axes  # noqa: E402  (one house style)
 
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 MAX_LEGEND_ROUNDS = 10   # more rounds than this: a discrete colorbar instead of a legend
