@@ -255,6 +255,7 @@ _PROGRAMS: dict = {}
 # small host-side helpers as one program each (eager per-leaf ops would compile once per leaf and device)
 _minus = jax.jit(lambda a, b: jax.tree.map(jnp.subtract, a, b))
 _stack_rows = jax.jit(lambda rows: jax.tree.map(lambda *r: jnp.concatenate(r), *rows))
+_split_rows = jax.jit(lambda g, n: [jax.tree.map(lambda x: x[d:d + 1], g) for d in range(n)], static_argnums=1)
 
 
 class OverlapState(NamedTuple):
@@ -337,6 +338,7 @@ class OverlappedAcco:
         self._pool = cf.ThreadPoolExecutor(n + 1)
         self._programs: dict[str, Any] = {}
         self._warm: set[int] = set()   # devices whose accumulate program has run once (compiled)
+        self._host_jits: dict[str, Any] = {}   # init's placement / zeros programs, built on first use
         self.last_counts: list[list[int]] = []   # per round of the last update: micro-batches per device
 
     # -- programs -----------------------------------------------------------------------------------
@@ -400,13 +402,18 @@ class OverlappedAcco:
             opt_state = jax.device_put(self.opts.tx.init(params) if opt_state is None else opt_state, rep)
         else:
             state = self.opts.init(params) if opt_state is None else opt_state
-            # placed by one program (a device_put of each leaf would compile a slicing program per leaf)
-            opt_state = jax.jit(lambda x: x, out_shardings=jax.tree.map(
-                lambda s: NamedSharding(self.mesh, s), zero.state_specs(state, self.axis)))(jax.device_put(state, rep))
-        zeros = jax.jit(lambda p: (jax.tree.map(lambda x: jnp.zeros((1,) + jnp.shape(x), jnp.result_type(x)), p),
-                                   jnp.zeros((), jnp.float32),
-                                   jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), self._aux_shape)))
-        z = zeros(jax.eval_shape(lambda p: p, params))
+            # placed by one program (a device_put of each leaf would compile a slicing program per leaf),
+            # built once per learner: init runs at every host chunk
+            if "place" not in self._host_jits:
+                self._host_jits["place"] = jax.jit(lambda x: x, out_shardings=jax.tree.map(
+                    lambda s: NamedSharding(self.mesh, s), zero.state_specs(state, self.axis)))
+            opt_state = self._host_jits["place"](jax.device_put(state, rep))
+        if "zeros" not in self._host_jits:
+            aux = self._aux_shape
+            self._host_jits["zeros"] = jax.jit(lambda p: (
+                jax.tree.map(lambda x: jnp.zeros((1,) + jnp.shape(x), jnp.result_type(x)), p),
+                jnp.zeros((), jnp.float32), jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), aux)))
+        z = self._host_jits["zeros"](params)
         self._zeros = [jax.device_put(z, d) for d in self.devices]
         return OverlapState(jax.device_put(params, rep), opt_state, tuple(self._zeros), (0,) * len(self.devices))
 
@@ -419,9 +426,8 @@ class OverlappedAcco:
         state = self.init(params, example_micro_batch, extra, opt_state)
         if self.mode != "acco" or pending is None:
             return state
-        split = jax.jit(lambda g: [jax.tree.map(lambda x: x[d:d + 1], g) for d in range(len(self.devices))])
-        rows = tuple(jax.device_put((g, z[1], z[2]), dev)
-                     for dev, g, z in zip(self.devices, split(pending.grads), self._zeros))
+        rows = tuple(jax.device_put((g, z[1], z[2]), dev) for dev, g, z in
+                     zip(self.devices, _split_rows(pending.grads, len(self.devices)), self._zeros))
         counts = tuple(int(round(float(c))) for c in np.asarray(pending.count))
         return OverlapState(state.params, state.opt_state, rows, counts)
 
