@@ -16,8 +16,13 @@ the G full sequences. Variants:
 With `--train`, the measured step is instead the training forward + backward of one minibatch
 of the G rollouts (the frame encoder frozen, as in GRPO; a weighted sum of the completion
 log-probs as the loss): `train` in one process (`video_logprobs`) vs `train+sp` on P workers
-(`sp_completion_logprobs(grad=True)`, backward, `all_reduce_grads`). The trainer itself still
-runs its update in one process. Each
+(`sp_completion_logprobs(grad=True)`, backward, `all_reduce_grads`).
+
+With `--trainer`, the measured step is `VideoGRPOTrainer`'s whole update on one group of G
+rollouts (old and reference log-prob passes, `--minibatches` training forwards + backwards, the
+optimizer steps), `sp_workers=1` vs `sp_workers=P`: the trainer's own path, with every rank's
+peak resident-set rise over the update (`update_peak_kib`, reset at its start) and the fastest of
+`--reps` updates after a warm-up update (the JAX objective compiles there). Otherwise each
 configuration runs in freshly forked processes; "peak MiB" is the largest per-worker rise of the
 resident set during the step over its resident set just before it (ru_maxrss - RSS before; the
 allocator is set to return every block >= 64 KiB to the OS, so this tracks live tensors).
@@ -167,6 +172,9 @@ def main(argv=None) -> int:
                     help="per-worker memory cap (0: the cache variant's peak at the middle length)")
     ap.add_argument("--train", action="store_true",
                     help="measure a training forward + backward instead (train vs train+sp)")
+    ap.add_argument("--trainer", action="store_true",
+                    help="measure VideoGRPOTrainer's update, sp_workers=1 vs --world")
+    ap.add_argument("--minibatches", type=int, default=2, help="--trainer: num_minibatches")
     a = ap.parse_args(argv)
     if a.world < 2 or a.group < a.world or any(f < 8 for f in a.frames):
         print("long_rl: need --world >= 2, --group >= --world and frames >= 8", file=sys.stderr)
@@ -183,6 +191,8 @@ def main(argv=None) -> int:
     frames = sorted(a.frames)
     if a.train:
         return _train_table(model, frames, a)
+    if a.trainer:
+        return _trainer_table(frames, a)
     for n in frames:
         task = VideoCountTask(frames=n, frame_dim=a.frame_dim)
         for variant, world in (("naive", 1), ("cache", 1), ("cache+sp", a.world)):
@@ -245,6 +255,50 @@ def _train_table(model, frames, a) -> int:
         tp, mp, _ = measure(model, task, n, "train+sp", a.world, a.group, a.reps)
         print(f"{n:7d} {m1:10.1f} {mp:13.1f} " + (f"{mp / m1:13.2f}" if m1 > 0.5 else f"{'n/a':>13}")
               + f" {tp / t1:14.2f}", flush=True)
+    return 0
+
+
+def _trainer_update(n_frames: int, a, sp_workers: int) -> tuple[float, list[int]]:
+    """(fastest update seconds, per-rank peak KiB of the last update) of a VideoGRPOTrainer."""
+    from scaling_rl.llm.grpo_config import GRPOConfig
+    from scaling_rl.llm.video_grpo import VideoGRPOTrainer
+    cfg = GRPOConfig.from_dict(dict(
+        multimodal="video", frames=n_frames, frame_dim=a.frame_dim, frame_encoder_hidden=a.encoder_hidden,
+        hidden_size=a.hidden, num_layers=a.layers, sft_steps=1, sft_batch_size=2, prompts_per_step=1,
+        group_size=a.group, num_minibatches=a.minibatches, num_iterations=1, beta=0.05, train_pool=8,
+        eval_problems=2, sp_workers=sp_workers, torch_threads=1))
+    torch.manual_seed(0)
+    tr = VideoGRPOTrainer(cfg)
+    try:
+        tr.setup()
+        tr.cache.clear()
+        tr._cache_before = (0, 0)
+        batch, _ = tr._rollout(tr.pool[:1])
+        rewards = np.linspace(0, 1, a.group, dtype=np.float32)[None]   # every advantage non-zero
+        times = []
+        for i in range(a.reps + 1):
+            t0 = time.perf_counter()
+            tr._update(batch, rewards)
+            if i:
+                times.append(time.perf_counter() - t0)
+        return min(times), list(tr.update_peak_kib)
+    finally:
+        tr.close()
+
+
+def _trainer_table(frames, a) -> int:
+    _malloc_returns_large_blocks()   # inherited by the forked workers
+    torch.set_num_threads(1)
+    print(f"VideoGRPOTrainer update of G={a.group} rollouts ({a.minibatches} minibatches, encoder frozen, "
+          f"KL to the reference), fastest of {a.reps} after a warm-up; peak MiB per rank over the update")
+    print(f"{'frames':>7} {'MiB P=1':>8} {'MiB per rank P=' + str(a.world):>22} {'max rank / P=1':>15} "
+          f"{'update SP / P=1':>16}")
+    for n in frames:
+        t1, k1 = _trainer_update(n, a, 1)
+        tp, kp = _trainer_update(n, a, a.world)
+        m1, mp = k1[0] / 1024, [k / 1024 for k in kp]
+        print(f"{n:7d} {m1:8.1f} {' / '.join(f'{m:.1f}' for m in mp):>22} "
+              + (f"{max(mp) / m1:15.2f}" if m1 > 0.5 else f"{'n/a':>15}") + f" {tp / t1:16.2f}", flush=True)
     return 0
 
 

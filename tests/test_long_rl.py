@@ -254,3 +254,61 @@ def test_the_gradient_check_fails_without_the_key_value_all_reduce(video_model, 
     ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     grads = launch(_sp_grads_no_kv_reduce, 2, model, prefix, completion, weights)[0]
     assert max(float(np.abs(grads[n] - ref[n].numpy()).max()) for n in ref) > 1e-3
+
+
+def _one_update(sp_workers: int, serve=None, monkeypatch=None):
+    """A video trainer's first GRPO update (2 minibatches x 2 iterations, KL to the reference) on
+    a fixed rollout with mixed rewards: (its metrics, parameters before, after, the trainer)."""
+    from scaling_rl.llm import video_grpo
+    if serve is not None:
+        monkeypatch.setattr(video_grpo, "_serve", serve)
+    torch.manual_seed(0)
+    tr = video_grpo.VideoGRPOTrainer(GRPOConfig.from_dict({**FAST, "sp_workers": sp_workers,
+                                                           "num_minibatches": 2}))
+    tr.setup()
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    tr.cache.clear()
+    tr._cache_before = (0, 0)
+    batch, _ = tr._rollout(tr.pool[:2])
+    rewards = np.array([[1, 0, .5, 0], [0, 1, 1, 0]], dtype=np.float32)
+    try:
+        out = tr._update(batch, rewards)
+        return out, before, {k: v.clone() for k, v in tr.model.state_dict().items()}, tr
+    finally:
+        tr.close()
+
+
+def test_the_sequence_parallel_update_equals_the_one_process_update():
+    """sp_workers=2: the update's old / reference / training passes run on two ranks (this process
+    and a forked worker), each over half of every sequence; the objective's gradient goes to the
+    worker, both sum their gradients and step. The parameters end as the one-process update's (to
+    float32 rounding, far below the update's size), and every rank reported its update memory."""
+    one, before, p1, _ = _one_update(1)
+    two, _, p2, tr = _one_update(2)
+    assert tr.sp is None and not torch.distributed.is_initialized()   # closed
+    for k in ("loss", "grad_norm", "entropy", "kl"):
+        assert two[k] == pytest.approx(one[k], rel=1e-4, abs=1e-7), k
+    step = max(float((p1[k] - before[k]).abs().max()) for k in before)
+    diff = max(float((p1[k] - p2[k]).abs().max()) for k in before)
+    assert step > 1e-4 and diff < 1e-2 * step, (diff, step)
+    assert len(tr.update_peak_kib) == 2 and all(k > 0 for k in tr.update_peak_kib)
+
+
+def _failing_serve(rank, world, *args):
+    raise ValueError("boom in the worker")
+
+
+def test_a_failing_sequence_parallel_worker_is_a_clear_error(monkeypatch):
+    with pytest.raises(RuntimeError, match=r"(?s)sequence-parallel worker 1 failed.*boom in the worker"):
+        _one_update(2, _failing_serve, monkeypatch)
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (dict(multimodal="", sp_workers=2), "sp_workers: 2 > 1 needs multimodal=video"),
+    (dict(sp_workers=2, device="cuda"), "sp_workers: 2 > 1 runs forked gloo CPU workers"),
+    (dict(sp_workers=0), "sp_workers: 0 must be >= 1"),
+])
+def test_sequence_parallel_config_errors(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        GRPOConfig.from_dict({**FAST, **bad})

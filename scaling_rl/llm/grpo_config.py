@@ -106,6 +106,7 @@ class GRPOConfig:
     frame_encoder_hidden: int = 64    # video: the frame encoder MLP's hidden width
     frames_per_token: int = 1         # video: consecutive frames encoded into one frame token
     video_events: int = 4             # video: the answer (flash count) is in 1..video_events
+    sp_workers: int = 1               # video: processes the update's passes are sequence-parallel over (CPU)
     # bookkeeping
     eval_every: int = 10
     checkpoint_every: int = 10
@@ -162,6 +163,9 @@ class GRPOConfig:
              f"must divide prompts_per_step={self.prompts_per_step} for rollout=ray")
         need(self.prompts_per_step * self.group_size % self.num_minibatches == 0, "num_minibatches",
              "must divide prompts_per_step * group_size")
+        need(self.sp_workers >= 1, "sp_workers", "must be >= 1")
+        need(self.sp_workers == 1 or self.multimodal == "video", "sp_workers",
+             "> 1 needs multimodal=video (the sequence-parallel update is the video trainer's)")
         if self.multimodal:
             from scaling_rl.llm.video_task import check_config as _check_video
             _check_video(self)

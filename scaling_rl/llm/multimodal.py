@@ -178,10 +178,12 @@ class EmbeddingCache:
     changed). Counters: `encoded_frames`, `encoder_flops` (what was computed: the whole video's
     encoding, summed over the workers that share it), `requested_flops` (what encoding the video
     anew for every `get` would compute) and `encoder_flops_saved` (their difference).
+    `shared=False`: this process encodes alone even inside a process group (the video trainer's
+    rank 0, whose sequence-parallel workers take part in the update only).
     """
 
-    def __init__(self, model: VideoLM, group=None):
-        self.model, self.group = model, group
+    def __init__(self, model: VideoLM, group=None, shared: bool = True):
+        self.model, self.group, self.shared = model, group, shared
         self.slots: list[torch.Tensor] = []
         self.keys: dict = {}
         self.frames_per_slot: list[int] = []
@@ -193,7 +195,8 @@ class EmbeddingCache:
     def _encode(self, frames: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
         enc = self.model.frame_encoder
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(self.group) == 1:
+        if (not self.shared or not (dist.is_available() and dist.is_initialized())
+                or dist.get_world_size(self.group) == 1):
             return self.model.encode_frames(frames[None])[0]
         world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         k = enc.frames_per_token

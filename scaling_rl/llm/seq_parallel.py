@@ -11,11 +11,13 @@ single-process pass up to float32 rounding (the test checks this for lengths P d
 
 Per worker, activations scale with L / P and the gathered K/V with L; on CPU the attention is
 two fused flash-attention calls per layer (the slice's causal diagonal block, and every earlier
-key) merged by their log-sum-exps, so no score matrix is materialised. By default the pass is
+key) merged by their log-sum-exps, so no score matrix is materialised, in the forward and in the
+backward (`_MergedFlash`). By default the pass is
 no-grad (old / reference log-probs, the prefill); with `grad=True` it is the training forward: the
 key/value all-gather's backward all-reduces their gradients and keeps the worker's slice, and
 `all_reduce_grads` sums the parameter gradients (tests/test_long_rl.py checks them against one
-process). The trainer does not call it yet (the video update runs in one process).
+process). The video trainer's
+update runs on it with `sp_workers` > 1 (`video_grpo`, `WorkerPool` below).
 
 `launch(fn, world, *args)` forks `world` CPU processes joined by a gloo group (a FileStore, no
 ports) and returns each rank's `fn(rank, world, *args)`; tests and benchmarks/long_rl.py use it.
@@ -84,26 +86,66 @@ def _gather_seq(x: torch.Tensor, group, kind=_GatherKV) -> torch.Tensor:
     return _all_gather_cat(x, group)
 
 
+def _flash_merge(q, k, v, start: int, scale: float):
+    """(output, log-sum-exp) of `_MergedFlash`'s forward."""
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    C = q.shape[-2]
+    out, lse = op(q, k[..., start:start + C, :], v[..., start:start + C, :], 0.0, True, scale=scale)
+    if start == 0:
+        return out, lse
+    past, lse_p = op(q, k[..., :start, :], v[..., :start, :], 0.0, False, scale=scale)
+    merged = torch.logaddexp(lse, lse_p)
+    return out * torch.exp(lse - merged)[..., None] + past * torch.exp(lse_p - merged)[..., None], merged
+
+
+class _MergedFlash(torch.autograd.Function):
+    """Causal attention of a slice's queries (global positions start.. start + C - 1) over the
+    gathered keys, as two fused CPU flash-attention calls: the diagonal block (causal) and the keys
+    before it (all visible), merged by their log-sum-exps (the ring-attention merge). No C x L
+    score matrix is materialised and the keys after the slice are never read. Backward: each
+    block's flash backward given the *merged* output and log-sum-exp is exactly that block's share
+    of the whole attention's gradient (as ring attention's backward); the keys after the slice get
+    zero."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, start: int, scale: float):
+        out, lse = _flash_merge(q, k, v, start, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.start, ctx.scale = start, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        q, k, v, out, lse = ctx.saved_tensors
+        start, scale, C = ctx.start, ctx.scale, q.shape[-2]
+        grad, out = grad.contiguous(), out.contiguous()
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+
+        def block(a, b, causal):
+            dq_b, dk_b, dv_b = bwd(grad, q, k[..., a:b, :].contiguous(), v[..., a:b, :].contiguous(),
+                                   out, lse, 0.0, causal, scale=scale)
+            dk[..., a:b, :], dv[..., a:b, :] = dk_b, dv_b
+            return dq_b
+        dq = block(start, start + C, True)
+        if start > 0:
+            dq = dq + block(0, start, False)
+        return dq, dk, dv, None, None
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float):
     """Causal attention of the queries at global positions start.. start + C - 1 over the gathered
-    keys. On CPU: the diagonal block (causal) and the keys before it (all visible) are two fused
-    flash-attention calls merged by their log-sum-exps (the ring-attention merge), so no C x L
-    score matrix is ever materialised and the keys after the slice are never read. Elsewhere an
-    explicit (C, L) mask."""
+    keys: on CPU `_MergedFlash` (with or without gradients); elsewhere SDPA with an explicit
+    (C, L) mask."""
     C = q.shape[-2]
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    # with gradients: SDPA's own backward (the fused CPU op does not differentiate its lse output,
-    # which the merge needs)
-    if q.device.type != "cpu" or op is None or (torch.is_grad_enabled() and q.requires_grad):
+    if q.device.type != "cpu" or getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu",
+                                         None) is None:
         q_pos = torch.arange(start, start + C, device=q.device)
         mask = torch.arange(k.shape[-2], device=q.device)[None, :] <= q_pos[:, None]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    diag, lse_d = op(q, k[..., start:start + C, :], v[..., start:start + C, :], 0.0, True, scale=scale)
-    if start == 0:
-        return diag
-    past, lse_p = op(q, k[..., :start, :], v[..., :start, :], 0.0, False, scale=scale)
-    lse = torch.logaddexp(lse_d, lse_p)
-    return diag * torch.exp(lse_d - lse)[..., None] + past * torch.exp(lse_p - lse)[..., None]
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _MergedFlash.apply(q.contiguous(), k.contiguous(), v.contiguous(), start, scale)
+    return _flash_merge(q, k, v, start, scale)[0]
 
 
 def _layer(layer, x: torch.Tensor, cos, sin, q_pos: torch.Tensor, group) -> torch.Tensor:
@@ -139,7 +181,7 @@ def _local_slice(parts, start: int, end: int) -> torch.Tensor:
 
 
 def sp_logprobs(model, embeds, labels: torch.Tensor, temperature: float = 1.0,
-                group=None, grad: bool = False) -> torch.Tensor:
+                group=None, grad: bool = False, with_entropy: bool = False):
     """log π(labels[:, t] | inputs[:, :t+1]) for every position t, (B, L) float32, 0 where
     labels < 0, computed over the workers of `group` (all of them hold the same inputs).
     `embeds`: the (B, L, H) input embeddings, or a list of pieces concatenated along the sequence
@@ -149,9 +191,13 @@ def sp_logprobs(model, embeds, labels: torch.Tensor, temperature: float = 1.0,
     `grad=True`: differentiable (the training forward). Every worker computes the same loss of the
     returned log-probs and calls backward (the all-gathers' backwards are collective, so in the
     same order everywhere); the true gradient is then the sum of the workers' parameter gradients
-    (`all_reduce_grads`)."""
+    (`all_reduce_grads`).
+
+    `with_entropy=True` returns (log-probs, entropies): the entropy of softmax(logits /
+    temperature) at every scored position (no gradient), 0 elsewhere."""
     with torch.set_grad_enabled(grad):
-        return _sp_logprobs(model, embeds, labels, temperature, group)
+        logp, ent = _sp_logprobs(model, embeds, labels, temperature, group, with_entropy)
+    return (logp, ent) if with_entropy else logp
 
 
 def all_reduce_grads(model, group=None) -> None:
@@ -165,7 +211,7 @@ def all_reduce_grads(model, group=None) -> None:
             dist.all_reduce(p.grad, group=group)
 
 
-def _sp_logprobs(model, embeds, labels, temperature, group):
+def _sp_logprobs(model, embeds, labels, temperature, group, with_entropy=False):
     parts = list(embeds) if isinstance(embeds, (list, tuple)) else [embeds]
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
@@ -186,12 +232,18 @@ def _sp_logprobs(model, embeds, labels, temperature, group):
         # a worker whose slice scores no label still runs the backward: its keys/values feed the
         # others' queries and the backward's all-reduces are collective
         logp = logp + 0.0 * x.sum()
+    ent = torch.zeros(B, C, dtype=torch.float32, device=x.device) if with_entropy else None
     rows, cols = torch.nonzero(lab >= 0, as_tuple=True)
     if len(rows):
         logits = model.lm_head(x[rows, cols])
+        if with_entropy:   # before the log-probs: their backward may reuse the logits' memory
+            ent[rows, cols] = rollout.chunked_entropy(logits.detach(), temperature)
         logp = logp.index_put((rows, cols),
                               rollout.selective_logprobs(logits, lab[rows, cols], temperature))
-    return _gather_seq(logp[..., None], group, _GatherOut)[:, :L, 0]
+    logp = _gather_seq(logp[..., None], group, _GatherOut)[:, :L, 0]
+    if with_entropy:
+        ent = (_all_gather_cat(ent[..., None], group) if world > 1 else ent[..., None])[:, :L, 0]
+    return logp, ent
 
 
 def completion_labels(prefix_len: int, completion_ids: torch.Tensor) -> torch.Tensor:
@@ -203,15 +255,35 @@ def completion_labels(prefix_len: int, completion_ids: torch.Tensor) -> torch.Te
 
 
 def sp_completion_logprobs(model, prefix, completion_ids: torch.Tensor,
-                           temperature: float = 1.0, group=None, grad: bool = False) -> torch.Tensor:
-    """`multimodal.video_logprobs` (no entropy) computed sequence-parallel: (B, T); no grad unless
-    `grad` (see `sp_logprobs`). `prefix`: (B, Lp, H) prompt embeddings or a list of pieces."""
+                           temperature: float = 1.0, group=None, grad: bool = False,
+                           with_entropy: bool = False):
+    """`multimodal.video_logprobs` computed sequence-parallel: (B, T) log-probs, and with
+    `with_entropy` also the (B, T) entropies, as (log-probs, entropies); no grad unless `grad`
+    (see `sp_logprobs`). `prefix`: (B, Lp, H) prompt embeddings or a list of pieces."""
     parts = list(prefix) if isinstance(prefix, (list, tuple)) else [prefix]
     Lp = sum(p.shape[1] for p in parts)
     with torch.set_grad_enabled(grad):
         parts.append(model.get_input_embeddings()(completion_ids[:, :-1]))
-    return sp_logprobs(model, parts, completion_labels(Lp, completion_ids), temperature,
-                       group, grad)[:, Lp - 1:]
+    out = sp_logprobs(model, parts, completion_labels(Lp, completion_ids), temperature,
+                      group, grad, with_entropy)
+    if with_entropy:
+        return out[0][:, Lp - 1:], out[1][:, Lp - 1:]
+    return out[:, Lp - 1:]
+
+
+class RowGather:
+    """`source[index]` ((S, N, H) per-video frame tokens picked per row) as a lazy (B, N, H)
+    sequence piece: `_local_slice` materialises only a worker's positions of it."""
+
+    def __init__(self, source: torch.Tensor, index: torch.Tensor):
+        self.source, self.index = source, index
+        self.shape = (len(index), source.shape[1], source.shape[2])
+
+    def __getitem__(self, key):
+        rows, cols = key
+        if rows != slice(None):
+            raise IndexError("RowGather: only [:, a:b] slices")
+        return self.source[:, cols][self.index]
 
 
 def video_pieces(model, video_tokens: torch.Tensor, question_ids: torch.Tensor, rows: int):
@@ -267,3 +339,101 @@ def launch(fn, world: int, *args, timeout: float = 600.0) -> list:
         if os.path.exists(store_path):
             os.unlink(store_path)
     return [results[r] for r in range(world)]
+
+
+# ---- a persistent pool: the caller as rank 0 ------------------------------------------------------
+
+def send(message) -> None:
+    """Rank 0 of a `WorkerPool`: hand `message` (any picklable object, tensors included) to every
+    worker's `recv()`."""
+    dist.broadcast_object_list([message], src=0)
+
+
+def recv():
+    """A `WorkerPool` worker: the next message rank 0 `send`s."""
+    box = [None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _pool_worker(serve, rank, world, store_path, timeout, args, errors):
+    try:
+        torch.set_num_threads(1)
+        import datetime
+        dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=timeout))
+        serve(rank, world, *args)
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to rank 0, whose next collective then fails
+        errors.put((rank, traceback.format_exc()))
+        errors.close()
+        errors.join_thread()   # the queue's feeder thread must write it before _exit
+        os._exit(1)
+    os._exit(0)        # skip the inherited parent's atexit handlers (JAX's among them)
+
+
+class WorkerPool:
+    """The calling process as rank 0 and `world - 1` forked CPU workers in one gloo group (the
+    default process group), kept across calls. Each worker runs `serve(rank, world, *args)`, which
+    reads rank 0's `send`s with `recv()` and returns at `None` (`close` sends it). Forked workers
+    start with a copy of the caller's memory (models, optimizer state): fork the pool when that
+    state is final. A worker that fails makes rank 0's next collective fail; `check(exc)` turns
+    that into a RuntimeError with the worker's traceback. Collectives time out after `timeout` s."""
+
+    def __init__(self, world: int, serve, *args, timeout: float = 600.0):
+        import datetime
+        if dist.is_initialized():
+            raise RuntimeError("sequence parallelism: this process already has a torch.distributed group")
+        ctx = multiprocessing.get_context("fork")
+        self.errors = ctx.Queue()
+        fd, self.store_path = tempfile.mkstemp(prefix="sp_pool_")
+        os.close(fd)
+        os.unlink(self.store_path)
+        self.procs = [ctx.Process(target=_pool_worker, daemon=True,
+                                  args=(serve, r, world, self.store_path, timeout, args, self.errors))
+                      for r in range(1, world)]
+        with warnings.catch_warnings():  # see launch(): the workers never call into JAX
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            for p in self.procs:
+                p.start()
+        try:
+            dist.init_process_group("gloo", store=dist.FileStore(self.store_path, world), rank=0,
+                                    world_size=world, timeout=datetime.timedelta(seconds=timeout))
+        except BaseException as exc:
+            self._reap()
+            raise self.failure(exc) from exc
+        self.world = world
+        self.broken = False   # set when rank 0 left a protocol midway: close() then kills the workers
+
+    def failure(self, exc: BaseException) -> BaseException:
+        """The error to raise for `exc` from a collective: a worker's traceback if one failed."""
+        import queue
+        try:
+            rank, err = self.errors.get(timeout=5)
+        except queue.Empty:
+            return exc
+        return RuntimeError(f"sequence-parallel worker {rank} failed:\n{err}")
+
+    def _reap(self) -> None:
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        if os.path.exists(self.store_path):
+            os.unlink(self.store_path)
+
+    def close(self) -> None:
+        """Stop the workers and leave the process group (idempotent)."""
+        if not self.procs:
+            return
+        try:
+            if self.broken:   # the workers may wait inside any collective: no message reaches them
+                for p in self.procs:
+                    p.kill()
+            elif all(p.is_alive() for p in self.procs):
+                send(None)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            self._reap()
+            self.procs = []

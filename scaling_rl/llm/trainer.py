@@ -408,6 +408,10 @@ class GRPOTrainer:
         return {"staleness_mean": float(stale.mean()), "staleness_max": float(stale.max()),
                 "mixed_version_frac": float((newest != oldest).double().mean())}
 
+    def _after_backward(self) -> None:
+        """Between a minibatch's backward and its gradient clipping (the video trainer's
+        sequence-parallel update all-reduces the gradients here)."""
+
     def _update(self, batch: rollout.Batch, rewards: np.ndarray) -> dict:
         c = self.cfg
         adv, zero_std = _advantages_fn(c.group_size, c.scale_rewards)(
@@ -461,6 +465,7 @@ class GRPOTrainer:
                         pick(rewards_t).to(self._objective_device), mask_o, num_items)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
+                self._after_backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
                 self.opt.step()
                 if ent is not None:

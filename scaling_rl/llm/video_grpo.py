@@ -11,13 +11,24 @@ reuses the frame tokens for the G rollouts of its group, the old/reference log-p
 every training forward; `encoder_flops` / `encoder_flops_saved` count what was encoded and what
 re-encoding per use would have added. A batch row's `prompt_ids` is [cache slot, question ids]
 with the slot column masked out, so rows keep pointing at their video through `select`/`concat`.
+
+`sp_workers=P` (> 1) runs the update sequence-parallel (MR-SP stage 2, as the reference runs SP
+inside the actor's update): P - 1 forked CPU workers and this process form one gloo group, each
+holding a replica of the policy, the reference and the optimizer. Every update pass (old and
+reference log-probs, each minibatch's training forward) runs on all P ranks, each over 1/P of
+every sequence (`seq_parallel.sp_completion_logprobs`). This process alone computes the
+objective (JAX); the gradient of the loss with respect to the log-probs is sent to the workers, all
+ranks run the backward of their slice, sum the parameter gradients, clip and step the optimizer,
+and after each update every rank's parameters are checked to be equal. Rollouts, evaluation and
+checkpoints stay in this process. `update_peak_kib` holds each rank's peak resident-set rise during
+the last update (benchmarks/long_rl.py --trainer reads it).
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from scaling_rl.llm import rollout
+from scaling_rl.llm import rollout, seq_parallel as sp
 from scaling_rl.llm.multimodal import EmbeddingCache, sample_video, video_lm_from, video_logprobs
 from scaling_rl.llm.trainer import EVAL_SEED, GRPOTrainer
 from scaling_rl.llm.video_task import QUESTION, VideoCountTask
@@ -36,6 +47,8 @@ class VideoGRPOTrainer(GRPOTrainer):
         self.counters.update(encoder_flops=0, encoder_flops_saved=0)
         self.cache: EmbeddingCache | None = None
         self.question_ids: torch.Tensor | None = None
+        self.sp: sp.WorkerPool | None = None    # sp_workers > 1: started at the first update
+        self.update_peak_kib: list[int] = []    # per rank, during the last update
 
     # -- policy --
     def _set_policy(self, model, tokenizer):
@@ -48,7 +61,7 @@ class VideoGRPOTrainer(GRPOTrainer):
                              f"{c.frame_dim}, {c.frames_per_token}")
         super()._set_policy(model, tokenizer)
         self.model.frame_encoder.requires_grad_(False)  # frozen in GRPO (SFT unfreezes it)
-        self.cache = EmbeddingCache(self.model)
+        self.cache = EmbeddingCache(self.model, shared=False)
         ids = tokenizer(QUESTION, add_special_tokens=False)["input_ids"]
         self.question_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
 
@@ -115,9 +128,27 @@ class VideoGRPOTrainer(GRPOTrainer):
         return batch, rewards
 
     def _logprobs(self, model, batch, rows=None, with_entropy=False):
+        if self.sp is not None:
+            grad = torch.is_grad_enabled()
+            rows = None if rows is None else [int(r) for r in rows]
+            sp.send(("logp", "policy" if model is self.model else "reference", rows, with_entropy, grad))
+            logp, ent = _sp_pass(model, self._sp_batch, rows, self.cfg.temperature, grad, with_entropy)
+            if grad:   # the loss's gradient here goes to the workers before the SP backward runs
+                logp.register_hook(lambda g: sp.send(("backward", g)))
+            return logp, ent
         b = batch if rows is None else rollout.select(batch, rows)
         prefix = model.prefix_embeds(self.cache.gather(b.prompt_ids[:, 0].tolist()), b.prompt_ids[:, 1:])
         return video_logprobs(model, prefix, b.completion_ids, self.cfg.temperature, with_entropy)
+
+    def _after_backward(self) -> None:
+        if self.sp is not None:
+            sp.all_reduce_grads(self.model)
+
+    def close(self) -> None:
+        super().close()
+        if self.sp is not None:
+            self.sp.close()
+            self.sp = None
 
     def train_step(self) -> dict:
         self.cache.clear()
@@ -127,8 +158,111 @@ class VideoGRPOTrainer(GRPOTrainer):
         return super().train_step()
 
     def _update(self, batch, rewards) -> dict:
-        out = super()._update(batch, rewards)
+        start = _reset_peak()
+        if self.sp is None and self.cfg.sp_workers > 1:
+            self.sp = sp.WorkerPool(self.cfg.sp_workers, _serve, self.model, self.ref_model, self.opt,
+                                    self.cfg)
+        if self.sp is None:
+            out = super()._update(batch, rewards)
+            self.update_peak_kib = [_peak_rise(start)]
+        else:
+            self._sp_batch = (torch.stack(self.cache.slots), batch.prompt_ids, batch.completion_ids)
+            try:
+                sp.send(("batch", *self._sp_batch))
+                out = super()._update(batch, rewards)
+                sp.send(("check",))
+                self.update_peak_kib = _check_replicas(self.model, _peak_rise(start))
+            except BaseException as exc:
+                self.sp.broken = True
+                if isinstance(exc, RuntimeError):
+                    raise self.sp.failure(exc) from exc
+                raise
+            finally:
+                self._sp_batch = None
         flops, saved = self._cache_before
         self.counters["encoder_flops"] += self.cache.encoder_flops - flops
         self.counters["encoder_flops_saved"] += self.cache.encoder_flops_saved - saved
         return out
+
+
+# ---- the sequence-parallel update (sp_workers > 1) ------------------------------------------------
+
+def _sp_pass(model, sp_batch, rows, temperature, grad, with_entropy):
+    """One update pass over this rank's slice of every sequence: (log-probs, entropies or None)."""
+    slots, prompt_ids, completion_ids = sp_batch
+    if rows is not None:
+        prompt_ids, completion_ids = prompt_ids[rows], completion_ids[rows]
+    rollout.set_training(model, grad)      # as the one-process update: train mode for its forwards
+    with torch.set_grad_enabled(grad):
+        question = model.get_input_embeddings()(prompt_ids[:, 1:])
+    pieces = [sp.RowGather(slots, prompt_ids[:, 0]), question]
+    out = sp.sp_completion_logprobs(model, pieces, completion_ids, temperature, grad=grad,
+                                    with_entropy=with_entropy)
+    return out if with_entropy else (out, None)
+
+
+def _serve(rank, world, model, ref_model, opt, cfg) -> None:
+    """A worker rank: mirror rank 0's update passes until it sends None."""
+    logp, sp_batch, start = None, None, 0
+    while (msg := sp.recv()) is not None:
+        kind = msg[0]
+        if kind == "batch":
+            start, sp_batch = _reset_peak(), msg[1:]
+        elif kind == "logp":
+            _, which, rows, with_entropy, grad = msg
+            logp, _ = _sp_pass(model if which == "policy" else ref_model, sp_batch, rows,
+                               cfg.temperature, grad, with_entropy)
+        elif kind == "backward":       # as GRPOTrainer._update's minibatch step
+            opt.zero_grad(set_to_none=True)
+            logp.backward(msg[1])
+            logp = None
+            sp.all_reduce_grads(model)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            opt.step()
+        elif kind == "check":
+            rollout.set_training(model, False)
+            sp_batch = None
+            _check_replicas(model, _peak_rise(start))
+        else:
+            raise ValueError(f"sequence-parallel worker: unknown message {kind!r}")
+
+
+def _check_replicas(model, peak_kib: int) -> list[int]:
+    """Collective: every rank's parameters equal rank 0's (a per-tensor float64 sum each; the
+    ranks apply the same summed gradients, so they stay bit-equal); returns each rank's peak."""
+    import torch.distributed as dist
+    sums = torch.stack([p.detach().double().sum() for p in model.parameters()])
+    mine = [sums, peak_kib]
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    bad = [r for r, (s, _) in enumerate(every) if not torch.equal(s, every[0][0])]
+    if bad:
+        raise RuntimeError(f"sequence parallelism: the parameters of ranks {bad} differ from rank 0's")
+    return [int(k) for _, k in every]
+
+
+def _status_kib(field: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def _reset_peak() -> int:
+    """Reset this process's peak resident set (Linux) and return the resident set now, KiB."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return -1
+    return _status_kib("VmRSS")
+
+
+def _peak_rise(start: int) -> int:
+    """Peak resident-set rise since `_reset_peak` returned `start`, KiB (-1 where unknown)."""
+    peak = _status_kib("VmHWM")
+    return peak - start if start >= 0 and peak >= 0 else -1

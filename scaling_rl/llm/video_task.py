@@ -84,3 +84,5 @@ def check_config(cfg) -> None:
     need(cfg.frames % cfg.frames_per_token == 0, "frames",
          f"is not divisible by frames_per_token={cfg.frames_per_token}")
     need(not cfg.bf16, "bf16", "is not supported with multimodal=video")
+    need(cfg.sp_workers == 1 or cfg.device == "cpu", "sp_workers",
+         f"> 1 runs forked gloo CPU workers; it needs device=cpu (got device={cfg.device!r})")
