@@ -269,6 +269,7 @@ def _trainer_update(n_frames: int, a, sp_workers: int) -> tuple[float, list[int]
         eval_problems=2, sp_workers=sp_workers, torch_threads=1))
     torch.manual_seed(0)
     tr = VideoGRPOTrainer(cfg)
+    tr.measure_update_memory = True
     try:
         tr.setup()
         tr.cache.clear()

@@ -266,6 +266,7 @@ def _one_update(sp_workers: int, serve=None, monkeypatch=None):
     tr = video_grpo.VideoGRPOTrainer(GRPOConfig.from_dict({**FAST, "sp_workers": sp_workers,
                                                            "num_minibatches": 2}))
     tr.setup()
+    tr.measure_update_memory = True
     before = {k: v.clone() for k, v in tr.model.state_dict().items()}
     tr.cache.clear()
     tr._cache_before = (0, 0)

@@ -20,8 +20,8 @@ every sequence (`seq_parallel.sp_completion_logprobs`). This process alone compu
 objective (JAX); the gradient of the loss with respect to the log-probs is sent to the workers, all
 ranks run the backward of their slice, sum the parameter gradients, clip and step the optimizer,
 and after each update every rank's parameters are checked to be equal. Rollouts, evaluation and
-checkpoints stay in this process. `update_peak_kib` holds each rank's peak resident-set rise during
-the last update (benchmarks/long_rl.py --trainer reads it).
+checkpoints stay in this process. With `measure_update_memory` set, `update_peak_kib` holds each
+rank's peak resident-set rise during the last update (benchmarks/long_rl.py --trainer reads it).
 """
 from __future__ import annotations
 
@@ -48,7 +48,10 @@ class VideoGRPOTrainer(GRPOTrainer):
         self.cache: EmbeddingCache | None = None
         self.question_ids: torch.Tensor | None = None
         self.sp: sp.WorkerPool | None = None    # sp_workers > 1: started at the first update
-        self.update_peak_kib: list[int] = []    # per rank, during the last update
+        # opt-in (it resets the process's peak resident set, which getrusage reports too):
+        # per rank, the peak resident-set rise during the last update, KiB
+        self.measure_update_memory = False
+        self.update_peak_kib: list[int] = []
 
     # -- policy --
     def _set_policy(self, model, tokenizer):
@@ -158,20 +161,22 @@ class VideoGRPOTrainer(GRPOTrainer):
         return super().train_step()
 
     def _update(self, batch, rewards) -> dict:
-        start = _reset_peak()
+        measure = self.measure_update_memory
+        start = _reset_peak() if measure else -1
         if self.sp is None and self.cfg.sp_workers > 1:
             self.sp = sp.WorkerPool(self.cfg.sp_workers, _serve, self.model, self.ref_model, self.opt,
                                     self.cfg)
         if self.sp is None:
             out = super()._update(batch, rewards)
-            self.update_peak_kib = [_peak_rise(start)]
+            self.update_peak_kib = [_peak_rise(start)] if measure else []
         else:
             self._sp_batch = (torch.stack(self.cache.slots), batch.prompt_ids, batch.completion_ids)
             try:
-                sp.send(("batch", *self._sp_batch))
+                sp.send(("batch", measure, *self._sp_batch))
                 out = super()._update(batch, rewards)
                 sp.send(("check",))
-                self.update_peak_kib = _check_replicas(self.model, _peak_rise(start))
+                peaks = _check_replicas(self.model, _peak_rise(start))
+                self.update_peak_kib = peaks if measure else []
             except BaseException as exc:
                 self.sp.broken = True
                 if isinstance(exc, RuntimeError):
@@ -207,7 +212,7 @@ def _serve(rank, world, model, ref_model, opt, cfg) -> None:
     while (msg := sp.recv()) is not None:
         kind = msg[0]
         if kind == "batch":
-            start, sp_batch = _reset_peak(), msg[1:]
+            start, sp_batch = (_reset_peak() if msg[1] else -1), msg[2:]
         elif kind == "logp":
             _, which, rows, with_entropy, grad = msg
             logp, _ = _sp_pass(model if which == "policy" else ref_model, sp_batch, rows,
