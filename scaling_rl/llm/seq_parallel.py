@@ -241,8 +241,8 @@ def _sp_logprobs(model, embeds, labels, temperature, group, with_entropy=False):
         logp = logp.index_put((rows, cols),
                               rollout.selective_logprobs(logits, lab[rows, cols], temperature))
     logp = _gather_seq(logp[..., None], group, _GatherOut)[:, :L, 0]
-    if with_entropy:
-        ent = (_all_gather_cat(ent[..., None], group) if world > 1 else ent[..., None])[:, :L, 0]
+    if with_entropy:   # no gradient: a plain all-gather
+        ent = _gather_seq(ent[..., None], group)[:, :L, 0]
     return logp, ent
 
 
@@ -295,11 +295,46 @@ def video_pieces(model, video_tokens: torch.Tensor, question_ids: torch.Tensor, 
 
 # ---- process launcher -------------------------------------------------------------------------
 
-def _worker(fn, rank, world, store_path, args, queue):
+def _store_path() -> str:
+    """A fresh path for a gloo FileStore (the file must not exist yet)."""
+    fd, path = tempfile.mkstemp(prefix="sp_store_")
+    os.close(fd)
+    os.unlink(path)
+    return path
+
+
+def _join_group(store_path: str, rank: int, world: int, timeout: float) -> None:
+    import datetime
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=timeout))
+
+
+def _fork(target, ranks, *args) -> list:
+    """Started forked processes `target(rank, *args)`, one per rank."""
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=target, args=(r, *args), daemon=True) for r in ranks]
+    with warnings.catch_warnings():
+        # JAX (imported by the trainer's objectives) warns on every fork; the workers run torch
+        # and gloo only and never call into JAX, so its threads' state is never needed there
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        for p in procs:
+            p.start()
+    return procs
+
+
+def _reap(procs, store_path: str) -> None:
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+    if os.path.exists(store_path):
+        os.unlink(store_path)
+
+
+def _worker(rank, fn, world, store_path, timeout, args, queue):
     try:
         torch.set_num_threads(1)   # forked from a parent that may have used intra-op threads
-        store = dist.FileStore(store_path, world)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+        _join_group(store_path, rank, world, timeout)
         try:
             queue.put((rank, fn(rank, world, *args), None))
         finally:
@@ -311,19 +346,9 @@ def _worker(fn, rank, world, store_path, args, queue):
 def launch(fn, world: int, *args, timeout: float = 600.0) -> list:
     """[fn(rank, world, *args) for each rank], each rank in its own forked process, all joined in
     one gloo process group. A failing rank raises RuntimeError with its traceback."""
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    fd, store_path = tempfile.mkstemp(prefix="sp_store_")
-    os.close(fd)
-    os.unlink(store_path)
-    procs = [ctx.Process(target=_worker, args=(fn, r, world, store_path, args, queue), daemon=True)
-             for r in range(world)]
-    with warnings.catch_warnings():
-        # JAX (imported by the trainer's objectives) warns on every fork; the workers run torch
-        # and gloo only and never call into JAX, so its threads' state is never needed there
-        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-        for p in procs:
-            p.start()
+    queue = multiprocessing.get_context("fork").Queue()
+    store_path = _store_path()
+    procs = _fork(_worker, range(world), fn, world, store_path, timeout, args, queue)
     results: dict[int, object] = {}
     try:
         for _ in range(world):
@@ -332,12 +357,7 @@ def launch(fn, world: int, *args, timeout: float = 600.0) -> list:
                 raise RuntimeError(f"sequence-parallel rank {rank} failed:\n{err}")
             results[rank] = value
     finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-        if os.path.exists(store_path):
-            os.unlink(store_path)
+        _reap(procs, store_path)
     return [results[r] for r in range(world)]
 
 
@@ -356,12 +376,10 @@ def recv():
     return box[0]
 
 
-def _pool_worker(serve, rank, world, store_path, timeout, args, errors):
+def _pool_worker(rank, serve, world, store_path, timeout, args, errors):
     try:
         torch.set_num_threads(1)
-        import datetime
-        dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=timeout))
+        _join_group(store_path, rank, world, timeout)
         serve(rank, world, *args)
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to rank 0, whose next collective then fails
@@ -377,50 +395,35 @@ class WorkerPool:
     default process group), kept across calls. Each worker runs `serve(rank, world, *args)`, which
     reads rank 0's `send`s with `recv()` and returns at `None` (`close` sends it). Forked workers
     start with a copy of the caller's memory (models, optimizer state): fork the pool when that
-    state is final. A worker that fails makes rank 0's next collective fail; `check(exc)` turns
+    state is final. A worker that fails makes rank 0's next collective fail; `failure(exc)` turns
     that into a RuntimeError with the worker's traceback. Collectives time out after `timeout` s."""
 
     def __init__(self, world: int, serve, *args, timeout: float = 600.0):
-        import datetime
         if dist.is_initialized():
             raise RuntimeError("sequence parallelism: this process already has a torch.distributed group")
-        ctx = multiprocessing.get_context("fork")
-        self.errors = ctx.Queue()
-        fd, self.store_path = tempfile.mkstemp(prefix="sp_pool_")
-        os.close(fd)
-        os.unlink(self.store_path)
-        self.procs = [ctx.Process(target=_pool_worker, daemon=True,
-                                  args=(serve, r, world, self.store_path, timeout, args, self.errors))
-                      for r in range(1, world)]
-        with warnings.catch_warnings():  # see launch(): the workers never call into JAX
-            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-            for p in self.procs:
-                p.start()
-        try:
-            dist.init_process_group("gloo", store=dist.FileStore(self.store_path, world), rank=0,
-                                    world_size=world, timeout=datetime.timedelta(seconds=timeout))
-        except BaseException as exc:
-            self._reap()
-            raise self.failure(exc) from exc
-        self.world = world
+        self.errors = multiprocessing.get_context("fork").Queue()
+        self.store_path = _store_path()
+        self.procs = _fork(_pool_worker, range(1, world), serve, world, self.store_path, timeout, args,
+                           self.errors)
         self.broken = False   # set when rank 0 left a protocol midway: close() then kills the workers
+        try:
+            _join_group(self.store_path, 0, world, timeout)
+        except BaseException as exc:
+            _reap(self.procs, self.store_path)
+            self.procs = []
+            raise self.failure(exc) from exc
 
     def failure(self, exc: BaseException) -> BaseException:
-        """The error to raise for `exc` from a collective: a worker's traceback if one failed."""
+        """The error to raise for `exc`: a worker's traceback if one failed, else `exc` itself. A
+        failed worker has written its traceback before exiting; while every worker lives, the
+        queue is only glanced at."""
         import queue
+        alive = all(p.is_alive() for p in self.procs)
         try:
-            rank, err = self.errors.get(timeout=5)
+            rank, err = self.errors.get(timeout=0.2 if alive else 5)
         except queue.Empty:
             return exc
         return RuntimeError(f"sequence-parallel worker {rank} failed:\n{err}")
-
-    def _reap(self) -> None:
-        for p in self.procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-        if os.path.exists(self.store_path):
-            os.unlink(self.store_path)
 
     def close(self) -> None:
         """Stop the workers and leave the process group (idempotent)."""
@@ -435,5 +438,5 @@ class WorkerPool:
             if dist.is_initialized():
                 dist.destroy_process_group()
         finally:
-            self._reap()
+            _reap(self.procs, self.store_path)
             self.procs = []

@@ -19,8 +19,8 @@ reference log-probs, each minibatch's training forward) runs on all P ranks, eac
 every sequence (`seq_parallel.sp_completion_logprobs`). This process alone computes the
 objective (JAX); the gradient of the loss with respect to the log-probs is sent to the workers, all
 ranks run the backward of their slice, sum the parameter gradients, clip and step the optimizer,
-and after each update every rank's parameters are checked to be equal. Rollouts, evaluation and
-checkpoints stay in this process. With `measure_update_memory` set, `update_peak_kib` holds each
+and after each update every rank's parameter checksums are checked equal to rank 0's. Rollouts,
+evaluation and checkpoints stay in this process. With `measure_update_memory` set, `update_peak_kib` holds each
 rank's peak resident-set rise during the last update (benchmarks/long_rl.py --trainer reads it).
 """
 from __future__ import annotations
@@ -179,9 +179,10 @@ class VideoGRPOTrainer(GRPOTrainer):
                 self.update_peak_kib = peaks if measure else []
             except BaseException as exc:
                 self.sp.broken = True
-                if isinstance(exc, RuntimeError):
-                    raise self.sp.failure(exc) from exc
-                raise
+                err = self.sp.failure(exc) if isinstance(exc, RuntimeError) else exc
+                if err is exc:
+                    raise
+                raise err from exc
             finally:
                 self._sp_batch = None
         flops, saved = self._cache_before
@@ -233,8 +234,10 @@ def _serve(rank, world, model, ref_model, opt, cfg) -> None:
 
 
 def _check_replicas(model, peak_kib: int) -> list[int]:
-    """Collective: every rank's parameters equal rank 0's (a per-tensor float64 sum each; the
-    ranks apply the same summed gradients, so they stay bit-equal); returns each rank's peak."""
+    """Collective: every rank's parameter checksums (a float64 sum per tensor) equal rank 0's
+    exactly (the ranks apply the same summed gradients to the same start, so they should stay
+    bit-equal; a checksum catches any drift, not every possible difference); returns each rank's
+    peak."""
     import torch.distributed as dist
     sums = torch.stack([p.detach().double().sum() for p in model.parameters()])
     mine = [sums, peak_kib]
