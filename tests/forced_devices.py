@@ -11,7 +11,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 def run_check(script: str, timeout: float = 900, **extra_env: str) -> dict:
     env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    # the check sets its own device count; other flags (conftest's optimisation level) pass through
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join(flags)
     env["JAX_PLATFORMS"] = "cpu"
     env.update(extra_env)
     proc = subprocess.run([sys.executable, str(HERE / script)], capture_output=True, text=True, env=env,
