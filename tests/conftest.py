@@ -10,10 +10,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _cache = pathlib.Path(__file__).resolve().parent.parent / ".jax_cache"
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_cache))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
-# XLA:CPU's backend (LLVM) optimisation level 0: about half the CPU time of compiling a CRL update
-# or init (measured 5.3 -> 2.5 s and 7.7 -> 3.6 s), at the same step time for the suite's tiny
-# shapes (3.8 vs 3.7 ms); numerics are XLA's own (HLO passes are unchanged). In the environment, so
-# the subprocesses the tests start inherit it; an explicit level in $XLA_FLAGS wins.
+# XLA:CPU's backend (LLVM) optimisation level 0: about half the CPU time of compiling the suite's
+# tiny programs at the same step time (docs/testing.md). In the environment, so the subprocesses the
+# tests start inherit it (tests/forced_devices.py xla_flags); an explicit level in $XLA_FLAGS wins.
 OPT_LEVEL_FLAG = "--xla_backend_optimization_level"
 if OPT_LEVEL_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPT_LEVEL_FLAG}=0".strip()

@@ -9,11 +9,18 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 
 
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def xla_flags(devices: int | None = None) -> str:
+    """This process's $XLA_FLAGS for a child: any forced device count replaced by `devices` (dropped
+    when None: the check script sets its own); other flags (conftest's optimisation level) kept."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT_FLAG)]
+    return " ".join(flags + ([f"{DEVICE_COUNT_FLAG}={devices}"] if devices else []))
+
+
 def run_check(script: str, timeout: float = 900, **extra_env: str) -> dict:
-    env = dict(os.environ)
-    # the check sets its own device count; other flags (conftest's optimisation level) pass through
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-    env["XLA_FLAGS"] = " ".join(flags)
+    env = dict(os.environ, XLA_FLAGS=xla_flags())
     env["JAX_PLATFORMS"] = "cpu"
     env.update(extra_env)
     proc = subprocess.run([sys.executable, str(HERE / script)], capture_output=True, text=True, env=env,

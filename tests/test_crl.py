@@ -233,8 +233,9 @@ def test_data_parallel_update_in_a_two_device_process():
     import subprocess
     import sys
 
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+    from forced_devices import xla_flags
+
+    env = dict(os.environ, XLA_FLAGS=xla_flags(2))
     env.pop("SCALING_RL_EXPECTED_SKIPS", None)  # the CI skip allowlist is for the suite, not this child run
     target = f"{__file__}::test_data_parallel_update_is_the_mean_of_shard_updates"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target],

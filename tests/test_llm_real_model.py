@@ -63,7 +63,6 @@ def test_mixed_placement_with_two_forced_devices_and_no_preallocation():
     Importing the LLM package turns JAX's GPU preallocation off (torch shares the card)."""
     code = textwrap.dedent("""
         import os
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
         os.environ["JAX_PLATFORMS"] = "cpu"
         os.environ.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
         import scaling_rl.llm
@@ -84,7 +83,9 @@ def test_mixed_placement_with_two_forced_devices_and_no_preallocation():
         assert loss.devices() == {d1}, loss.devices()
         print("FLOAT_OK")
     """)
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    from forced_devices import xla_flags
+
+    env = dict(os.environ, XLA_FLAGS=xla_flags(2))   # 2 forced devices, before the child imports jax
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
